@@ -1,0 +1,29 @@
+//! `fixed_window`: a count per epoch-aligned window.
+
+use crate::{Decision, Limit, State};
+
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> Decision {
+    let w = limit.window_us();
+    let l = limit.limit();
+    let (id, count) = state.window();
+    let mut now = now;
+    let mut wid = now / w;
+    if wid < *id {
+        wid = *id;
+        now = wid * w;
+    }
+    if wid != *id {
+        *id = wid;
+        *count = 0;
+    }
+    let until_end = (wid + 1).saturating_mul(w) - now;
+    let reset = |c: u64| if c == 0 { 0 } else { until_end };
+    match count.checked_add(hits) {
+        Some(next) if next <= l || hits == 0 => {
+            *count = next;
+            Decision::allow(l, l.saturating_sub(next), reset(next))
+        }
+        // Allowed at the next window unless the request alone is too big.
+        _ => Decision::deny(l, l.saturating_sub(*count), reset(*count), (hits <= l).then_some(until_end)),
+    }
+}

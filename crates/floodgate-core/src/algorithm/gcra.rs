@@ -1,0 +1,62 @@
+//! The GCRA family: `gcra`, `token_bucket` and `leaky_bucket` (meter and
+//! shaper).
+//!
+//! State is the theoretical arrival time `TAT = us + rem / L` microseconds,
+//! an exact fraction: the emission interval `T = W / L` is never rounded.
+//! Everything is computed on the *backlog* `L * (max(TAT, now) - now)`, an
+//! integer in units of `1 / L` microseconds:
+//!
+//! * meter: allow iff `backlog + hits * W <= burst * W`; a token bucket of
+//!   capacity `burst` refilled at `L` per `W` admits exactly the same.
+//! * shaper: capacity `burst + 1` (one in service, `burst` queued), and an
+//!   admitted request is held for `delay = max(0, TAT - now)`.
+
+use crate::math::{div, div_ceil, sat64};
+use crate::{Decision, Limit, State};
+
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool) -> Decision {
+    let l = limit.limit();
+    let w = limit.window_us();
+    let (l128, w128) = (u128::from(l), u128::from(w));
+    let slots = u128::from(limit.burst()) + u128::from(shape);
+    let cap = slots * w128;
+    let (us, rem) = state.tat();
+    let backlog = if *us >= now { u128::from(*us - now) * l128 + u128::from(*rem) } else { 0 };
+    let remaining = |backlog: u128| sat64(div(cap.saturating_sub(backlog), w128));
+    // ceil(backlog / L): the wait until the bucket is full (empty queue).
+    let reset = |us: u64, rem: u64| if us >= now { us - now + u64::from(rem > 0) } else { 0 };
+    let cost = u128::from(hits) * w128;
+    if hits == 0 {
+        return Decision::allow(l, remaining(backlog), reset(*us, *rem));
+    }
+    if backlog + cost > cap {
+        let retry = (cost <= cap).then(|| sat64(div_ceil(backlog + cost - cap, l128)));
+        return Decision::deny(l, remaining(backlog), reset(*us, *rem), retry);
+    }
+    let delay = if shape { reset(*us, *rem) } else { 0 };
+    if backlog == 0 {
+        *us = now;
+        *rem = 0;
+    }
+    // TAT += hits * T, with T = q + r / L.
+    let (q, r) = limit.interval();
+    let (add_us, add_rem) = if hits == 1 {
+        (u128::from(q), r)
+    } else {
+        let hr = u128::from(hits) * u128::from(r);
+        let carry = div(hr, l128);
+        (u128::from(hits) * u128::from(q) + carry, sat64(hr - carry * l128))
+    };
+    let mut new_rem = *rem + add_rem;
+    let mut new_us = u128::from(*us) + add_us;
+    if new_rem >= l {
+        new_rem -= l;
+        new_us += 1;
+    }
+    // Bounded by now + burst * W / L + 1 <= now + 2^53 * 365d: fits u64.
+    *us = sat64(new_us);
+    *rem = new_rem;
+    let mut d = Decision::allow(l, remaining(backlog + cost), reset(*us, *rem));
+    d.delay = std::time::Duration::from_micros(delay);
+    d
+}

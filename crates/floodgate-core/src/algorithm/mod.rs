@@ -1,0 +1,56 @@
+//! The algorithms: pure state machines `(limit, &mut state, now, hits) ->
+//! Decision`. No clock reads, no locks, no I/O, no floats; a denied request
+//! leaves the state as it found it.
+//!
+//! A `now` earlier than the time a key's state was last written (a clock that
+//! stepped back) never rewinds the state: window algorithms read it as the
+//! start of the window or bucket they last saw, `sliding_log` as its newest
+//! entry, and the GCRA family as is (a smaller `now` only makes the answer
+//! stricter).
+
+mod fixed_window;
+mod gcra;
+mod sliding_buckets;
+mod sliding_log;
+mod sliding_window;
+
+#[cfg(test)]
+mod edge_tests;
+#[cfg(test)]
+mod proptests;
+
+use crate::{Algorithm, Decision, LeakyMode, Limit, State};
+
+impl Limit {
+    /// Decide `hits` units for one key whose state is `state`, at `now_us`
+    /// (microseconds since the Unix epoch), updating the state when allowed.
+    ///
+    /// ```
+    /// use floodgate_core::{Algorithm, Limit, State};
+    /// use std::time::Duration;
+    /// let limit = Limit::new(Algorithm::FixedWindow, 2, Duration::from_secs(1)).unwrap();
+    /// let mut state = State::default();
+    /// assert!(limit.apply(&mut state, 0, 1).allowed);
+    /// assert!(limit.apply(&mut state, 0, 1).allowed);
+    /// let denied = limit.apply(&mut state, 250_000, 1);
+    /// assert!(!denied.allowed);
+    /// assert_eq!(denied.retry_after, Some(Duration::from_millis(750)));
+    /// ```
+    #[inline]
+    pub fn apply(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+        if self.limit() == 0 {
+            // Envoy's `requests_per_unit: 0`: deny every hit, no wait helps.
+            return if hits == 0 { Decision::allow(0, 0, 0) } else { Decision::deny(0, 0, 0, None) };
+        }
+        match self.algorithm() {
+            Algorithm::FixedWindow => fixed_window::apply(self, state, now_us, hits),
+            Algorithm::SlidingLog => sliding_log::apply(self, state, now_us, hits),
+            Algorithm::SlidingWindow => sliding_window::apply(self, state, now_us, hits),
+            Algorithm::SlidingBuckets { granularity } => {
+                sliding_buckets::apply(self, *granularity, state, now_us, hits)
+            }
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => gcra::apply(self, state, now_us, hits, false),
+            Algorithm::LeakyBucket { mode, .. } => gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape),
+        }
+    }
+}

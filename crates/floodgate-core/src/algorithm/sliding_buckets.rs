@@ -1,0 +1,64 @@
+//! `sliding_buckets`: exact over `g` epoch-aligned sub-windows ("buckets") of
+//! `W / g`: the count is the current bucket plus the `g - 1` before it.
+//! State is a ring `[last bucket id, sum, count per bucket...]`.
+
+use crate::{Decision, Limit, State};
+
+pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64, hits: u64) -> Decision {
+    let g = u64::from(granularity);
+    let size = limit.window_us() / g;
+    let l = limit.limit();
+    let mut now = now;
+    let mut bid = now / size;
+    let ring = state.buckets(granularity as usize, bid);
+    let Some(([last, sum], counts)) = ring.split_first_chunk_mut::<2>() else {
+        unreachable!("the ring has two header words")
+    };
+    if bid < *last {
+        bid = *last;
+        now = bid * size;
+    }
+    // Drop the buckets that slid out since the last call.
+    if bid - *last >= g {
+        counts.fill(0);
+        *sum = 0;
+    } else {
+        for id in *last + 1..=bid {
+            let c = &mut counts[(id % g) as usize];
+            *sum -= *c;
+            *c = 0;
+        }
+    }
+    *last = bid;
+    // Bucket `id` stops counting when bucket `id + g` begins.
+    let gone_at = |id: u64| (id + g) * size - now;
+    let oldest = (bid + 1).saturating_sub(g);
+    let reset = |counts: &[u64], sum: u64| {
+        if sum == 0 {
+            return 0;
+        }
+        (oldest..=bid).rev().find(|id| counts[(id % g) as usize] > 0).map_or(0, gone_at)
+    };
+    match sum.checked_add(hits) {
+        Some(next) if next <= l || hits == 0 => {
+            counts[(bid % g) as usize] += hits;
+            *sum = next;
+            Decision::allow(l, l.saturating_sub(next), reset(counts, next))
+        }
+        _ => {
+            let retry = (hits <= l).then(|| {
+                let mut need = *sum + hits - l;
+                let mut at = gone_at(bid);
+                for id in oldest..=bid {
+                    need = need.saturating_sub(counts[(id % g) as usize]);
+                    if need == 0 {
+                        at = gone_at(id);
+                        break;
+                    }
+                }
+                at
+            });
+            Decision::deny(l, l.saturating_sub(*sum), reset(counts, *sum), retry)
+        }
+    }
+}

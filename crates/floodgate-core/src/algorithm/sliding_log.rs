@@ -1,0 +1,56 @@
+//! `sliding_log`: exact. Keeps every admitted `(time, hits)` of the last
+//! window (entries at the same microsecond merged): allow iff the hits in
+//! `(now - W, now]` plus `hits` do not exceed the limit.
+
+use crate::{Decision, Limit, State};
+
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> Decision {
+    let w = limit.window_us();
+    let l = limit.limit();
+    let log = state.log();
+    let mut now = now;
+    if let Some(&(newest, _)) = log.entries.back() {
+        now = now.max(newest);
+    }
+    while let Some(&(t, h)) = log.entries.front() {
+        if t.saturating_add(w) > now {
+            break;
+        }
+        log.sum -= h;
+        log.entries.pop_front();
+    }
+    let reset = |log: &crate::state::Log| log.entries.back().map_or(0, |&(t, _)| t + w - now);
+    match log.sum.checked_add(hits) {
+        Some(next) if next <= l || hits == 0 => {
+            if hits > 0 {
+                match log.entries.back_mut() {
+                    Some((t, h)) if *t == now => *h += hits,
+                    _ => {
+                        if log.entries.capacity() == 0 {
+                            log.entries.reserve(usize::try_from(l.min(16)).unwrap_or(16));
+                        }
+                        log.entries.push_back((now, hits));
+                    }
+                }
+                log.sum = next;
+            }
+            Decision::allow(l, l.saturating_sub(log.sum), reset(log))
+        }
+        _ => {
+            // Wait for the oldest entries to leave until the request fits.
+            let retry = (hits <= l).then(|| {
+                let mut need = log.sum + hits - l;
+                let mut at = now;
+                for &(t, h) in &log.entries {
+                    at = t + w;
+                    need = need.saturating_sub(h);
+                    if need == 0 {
+                        break;
+                    }
+                }
+                at - now
+            });
+            Decision::deny(l, l.saturating_sub(log.sum), reset(log), retry)
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The in-memory store: sharded, atomic per key, bounded, self-pruning.
+//!
+//! * **Sharded**: a key's hash (foldhash, randomly seeded against hash
+//!   flooding) picks one of N mutex-guarded hash tables and probes it with
+//!   the same hash. No global lock; an existing key's decision allocates
+//!   nothing.
+//! * **Small**: one slot per key is 56 bytes (key pointer, state, expiry,
+//!   parameter fingerprint) plus the key's bytes; `sliding_buckets` and
+//!   `sliding_log` add their history on the heap.
+//! * **Expiry**: each slot records when its state is back to empty. Expired
+//!   keys are dropped when a shard grows (its length doubles since its last
+//!   sweep), at most every [`SWEEP_INTERVAL_S`] seconds on an insert, and by
+//!   [`MemoryStore::sweep`]. Dropping an expired key loses nothing: its state
+//!   is the empty state.
+//! * **Bound**: at most `max_keys` keys (spread over the shards, each holding
+//!   `ceil(max_keys / shards)`). When a shard is full it first drops its
+//!   expired keys; then, with [`OnFull::Evict`] (the default) it evicts the
+//!   keys closest to expiry — those with the least state left to lose —
+//!   until an eighth of the shard is free, so the O(n) scan is paid once per
+//!   n/8 inserts; with [`OnFull::Refuse`] it returns [`StoreError::Full`]
+//!   for new keys (existing keys keep working) and the rule's failure policy
+//!   decides. An evicted key starts again from empty: its owner may get up
+//!   to one extra limit's worth. [`MemoryStore::evictions`] counts them.
+//!
+//! Peeks (`hits = 0`) and denials never create a key.
+
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
+
+use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
+
+/// Default bound on the number of keys: 2^21 (about 2.1 million).
+pub const DEFAULT_MAX_KEYS: usize = 1 << 21;
+/// Default number of shards.
+pub const DEFAULT_SHARDS: usize = 256;
+/// A shard with expired keys is swept at most this often on insert.
+pub const SWEEP_INTERVAL_S: u32 = 10;
+
+/// What a full store does with a new key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFull {
+    /// Evict the keys closest to expiry (default).
+    #[default]
+    Evict,
+    /// Refuse new keys with [`StoreError::Full`].
+    Refuse,
+}
+
+/// The in-memory store. Cheap to share behind an `Arc`; every method takes
+/// `&self`.
+pub struct MemoryStore<C = SystemClock> {
+    shards: Box<[Shard]>,
+    shard_mask: usize,
+    hasher: foldhash::fast::RandomState,
+    per_shard_max: usize,
+    max_keys: usize,
+    on_full: OnFull,
+    clock: C,
+    evictions: AtomicU64,
+}
+
+/// One shard, on its own cache lines so neighbours' locks do not contend.
+#[repr(align(128))]
+struct Shard(Mutex<ShardInner>);
+
+struct ShardInner {
+    table: HashTable<Slot>,
+    /// Sweep expired keys when an insert finds the table this long...
+    sweep_at_len: usize,
+    /// ...or finds this second reached.
+    sweep_at_s: u32,
+    /// When the last sweep ran: a full shard sweeps at most once a second.
+    swept_s: u32,
+}
+
+/// One key. 56 bytes.
+struct Slot {
+    key: Box<str>,
+    state: State,
+    /// Second (since the epoch, rounded up) from which the state is empty.
+    expires_s: u32,
+    /// [`Limit::fingerprint`] of the limit that wrote `state`.
+    fp: u32,
+}
+
+const MIN_SWEEP_LEN: usize = 64;
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder<C = SystemClock> {
+    max_keys: usize,
+    shards: usize,
+    on_full: OnFull,
+    clock: C,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store with the defaults: system clock, [`DEFAULT_MAX_KEYS`],
+    /// [`DEFAULT_SHARDS`], [`OnFull::Evict`].
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Start building a store.
+    pub fn builder() -> MemoryStoreBuilder<SystemClock> {
+        MemoryStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: DEFAULT_SHARDS,
+            on_full: OnFull::Evict,
+            clock: SystemClock::new(),
+        }
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStoreBuilder<C> {
+    /// Bound on the number of keys (at least 1).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// Number of shards, rounded up to a power of two in `1..=65536`.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.clamp(1, 1 << 16).next_power_of_two();
+        self
+    }
+
+    /// What to do with a new key when the store is full.
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+
+    /// The clock the store reads for [`MemoryStore::apply_sync`].
+    pub fn clock<D: Clock>(self, clock: D) -> MemoryStoreBuilder<D> {
+        MemoryStoreBuilder { max_keys: self.max_keys, shards: self.shards, on_full: self.on_full, clock }
+    }
+
+    /// Build the store.
+    pub fn build(self) -> MemoryStore<C> {
+        // Fewer shards than keys would leave shards with a bound of zero.
+        let shards = self.shards.min(self.max_keys.next_power_of_two()).max(1);
+        MemoryStore {
+            shards: (0..shards)
+                .map(|_| {
+                    Shard(Mutex::new(ShardInner {
+                        table: HashTable::new(),
+                        sweep_at_len: MIN_SWEEP_LEN,
+                        sweep_at_s: 0,
+                        swept_s: 0,
+                    }))
+                })
+                .collect(),
+            shard_mask: shards - 1,
+            hasher: foldhash::fast::RandomState::default(),
+            per_shard_max: self.max_keys.div_ceil(shards),
+            max_keys: self.max_keys,
+            on_full: self.on_full,
+            clock: self.clock,
+            evictions: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Decide `hits` units of `limit` for `key` now (the store's clock).
+    #[inline]
+    pub fn apply_sync(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
+        self.apply_at(key, limit, hits, self.clock.now_us())
+    }
+
+    /// Decide at an explicit time (microseconds since the epoch), e.g. when
+    /// replaying a trace. A time earlier than a key last saw is read as that
+    /// key's last time (state never rewinds).
+    #[inline]
+    pub fn apply_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.lock(hash);
+        if let Some(slot) = shard.table.find_mut(hash, |s| *s.key == *key) {
+            if slot.fp != limit.fingerprint() {
+                slot.state = State::new();
+                slot.fp = limit.fingerprint();
+            }
+            let d = limit.apply(&mut slot.state, now_us, hits);
+            slot.expires_s = expiry_s(now_us, &d);
+            return Ok(d);
+        }
+        let mut state = State::new();
+        let d = limit.apply(&mut state, now_us, hits);
+        if !d.allowed || hits == 0 {
+            return Ok(d);
+        }
+        self.make_room(&mut shard, seconds(now_us))?;
+        let slot = Slot { key: key.into(), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(&*s.key));
+        Ok(d)
+    }
+
+    /// Drop every expired key now (e.g. from a periodic task); returns how
+    /// many were dropped.
+    pub fn sweep(&self) -> usize {
+        let now_s = seconds(self.clock.now_us());
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut inner = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+                sweep_expired(&mut inner, now_s, &self.hasher)
+            })
+            .sum()
+    }
+
+    /// Number of keys held (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner).table.len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys evicted because the store was full, since it was built.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// The configured bound on the number of keys.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Approximate bytes held: slots (with hash-table slack), key bytes and
+    /// per-key history.
+    pub fn memory_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let inner = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+                inner.table.capacity() * (size_of::<Slot>() + 1)
+                    + inner.table.iter().map(|slot| slot.key.len() + slot.state.heap_bytes()).sum::<usize>()
+            })
+            .sum()
+    }
+
+    #[inline]
+    fn lock(&self, hash: u64) -> MutexGuard<'_, ShardInner> {
+        // hashbrown probes with the low bits and filters with the top 7:
+        // pick the shard from bits in between so neither is constant within
+        // a shard (true for any table under 2^32 slots).
+        let i = usize::try_from(hash >> 32).unwrap_or(0) & self.shard_mask;
+        self.shards[i].0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ensure the shard can take one more key (slow path: new keys only).
+    fn make_room(&self, shard: &mut ShardInner, now_s: u32) -> Result<(), StoreError> {
+        let len = shard.table.len();
+        let full = len >= self.per_shard_max;
+        if len >= shard.sweep_at_len
+            || (now_s >= shard.sweep_at_s && len >= MIN_SWEEP_LEN)
+            || (full && now_s != shard.swept_s)
+        {
+            sweep_expired(shard, now_s, &self.hasher);
+        }
+        let max = self.per_shard_max;
+        if shard.table.len() < max {
+            return Ok(());
+        }
+        match self.on_full {
+            OnFull::Refuse => Err(StoreError::Full { max_keys: self.max_keys }),
+            OnFull::Evict => {
+                let evicted = evict_nearest_expiry(&mut shard.table, (max / 8).max(1), max);
+                self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    #[inline]
+    fn apply(&self, key: &str, limit: &Limit, hits: u64) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.apply_sync(key, limit, hits))
+    }
+}
+
+impl<C> std::fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("max_keys", &self.max_keys)
+            .field("on_full", &self.on_full)
+            .finish_non_exhaustive()
+    }
+}
+
+fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::RandomState) -> usize {
+    let before = shard.table.len();
+    shard.table.retain(|s| s.expires_s > now_s);
+    let len = shard.table.len();
+    if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
+        shard.table.shrink_to(2 * len, |s| hasher.hash_one(&*s.key));
+    }
+    shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
+    shard.sweep_at_s = now_s.saturating_add(SWEEP_INTERVAL_S);
+    shard.swept_s = now_s;
+    before - len
+}
+
+/// Evict the slots closest to expiry until `free` slots are free below `max`.
+fn evict_nearest_expiry(table: &mut HashTable<Slot>, free: usize, max: usize) -> usize {
+    let keep = max.saturating_sub(free);
+    let excess = table.len().saturating_sub(keep);
+    if excess == 0 {
+        return 0;
+    }
+    let mut expiries: Vec<u32> = table.iter().map(|s| s.expires_s).collect();
+    let (_, &mut cut, _) = expiries.select_nth_unstable(excess - 1);
+    let mut ties = excess - expiries.iter().filter(|&&e| e < cut).count();
+    table.retain(|s| {
+        if s.expires_s < cut {
+            false
+        } else if s.expires_s == cut && ties > 0 {
+            ties -= 1;
+            false
+        } else {
+            true
+        }
+    });
+    excess
+}
+
+#[inline]
+fn seconds(us: u64) -> u32 {
+    u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
+}
+
+#[inline]
+fn expiry_s(now_us: u64, d: &Decision) -> u32 {
+    let at = now_us.saturating_add(d.reset_after_us());
+    u32::try_from(at.div_ceil(1_000_000)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_56_bytes() {
+        // key pointer 16 + state 32 + expiry 4 + fingerprint 4.
+        assert_eq!(size_of::<Slot>(), 56);
+        assert_eq!(size_of::<State>(), 32);
+    }
+}

@@ -1,0 +1,42 @@
+//! Stores apply limits to keyed state, atomically per key.
+
+pub mod memory;
+
+use std::future::Future;
+
+use crate::{Decision, Limit};
+
+/// A store of keyed rate-limit state: one atomic check-and-update per call.
+///
+/// The in-memory store answers at once (its future is ready); the Redis store
+/// makes one round trip. Implementations must be atomic per key: concurrent
+/// calls on one key behave as if they ran one after the other.
+pub trait Store: Send + Sync {
+    /// Decide `hits` units of `limit` for `key` at the store's current time.
+    fn apply(&self, key: &str, limit: &Limit, hits: u64) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+}
+
+/// A store could not decide. A denial is not an error: it is a [`Decision`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The key bound is reached and the store is set to refuse new keys
+    /// ([`OnFull::Refuse`](memory::OnFull::Refuse)).
+    #[error("the store holds its maximum of {max_keys} keys and refuses new ones; raise max_keys or choose eviction")]
+    Full {
+        /// The configured bound.
+        max_keys: usize,
+    },
+    /// The backing service failed or did not answer in time.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed (the rule's failure policy
+    /// applies); a non-transient error is a bug or a misconfiguration.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Full { .. } | Self::Unavailable(_) => true,
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! floodgate command line.
+
+fn main() {}
