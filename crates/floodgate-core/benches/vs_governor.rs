@@ -33,7 +33,7 @@ type Governor = RateLimiter<
     String,
     governor::state::keyed::DashMapStateStore<String>,
     FakeRelativeClock,
-    governor::middleware::NoOpMiddleware<governor::clock::Nanos>,
+    governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
 >;
 
 fn governor() -> (Governor, FakeRelativeClock) {
