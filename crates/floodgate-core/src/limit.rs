@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::duration::HumanDuration;
+use crate::math::Divisor;
 
 /// Largest `limit` or `burst`: 2^53 − 1. Redis runs its arithmetic in Lua
 /// doubles, exact only below 2^53; one bound for every store keeps a rule set
@@ -322,6 +323,12 @@ pub struct Limit {
     /// `q + r / limit`), precomputed so the hot path divides nothing.
     interval_q: u64,
     interval_r: u64,
+    /// Reciprocals of the divisors the hot path uses.
+    window_div: Divisor,
+    limit_div: Divisor,
+    /// `sliding_buckets`: bucket size and granularity (1 otherwise).
+    bucket_div: Divisor,
+    granularity_div: Divisor,
     /// Identifies the parameters: a store that finds state written under
     /// other parameters starts the key fresh.
     fingerprint: u32,
@@ -397,7 +404,20 @@ impl Limit {
             // Keep the high half: foldhash mixes best there.
             u32::try_from(h >> 32).unwrap_or(0)
         };
-        Ok(Self { algorithm, limit, window_us, burst, interval_q, interval_r, fingerprint })
+        let granularity = u64::from(algorithm.granularity().max(1));
+        Ok(Self {
+            algorithm,
+            limit,
+            window_us,
+            burst,
+            interval_q,
+            interval_r,
+            window_div: Divisor::new(window_us),
+            limit_div: Divisor::new(limit.max(1)),
+            bucket_div: Divisor::new(window_us / granularity),
+            granularity_div: Divisor::new(granularity),
+            fingerprint,
+        })
     }
 
     /// The algorithm and its parameters.
@@ -433,6 +453,22 @@ impl Limit {
 
     pub(crate) fn interval(&self) -> (u64, u64) {
         (self.interval_q, self.interval_r)
+    }
+
+    pub(crate) fn window_div(&self) -> Divisor {
+        self.window_div
+    }
+
+    pub(crate) fn limit_div(&self) -> Divisor {
+        self.limit_div
+    }
+
+    pub(crate) fn bucket_div(&self) -> Divisor {
+        self.bucket_div
+    }
+
+    pub(crate) fn granularity_div(&self) -> Divisor {
+        self.granularity_div
     }
 }
 

@@ -1,3 +1,35 @@
 //! floodgate command line.
+//!
+//! Exit codes, for every command: 0 success, 1 denied (`check`), 2 runtime
+//! failure, 64 bad usage, bad config or bad input.
 
-fn main() {}
+mod cli;
+mod exit;
+mod simulate;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; the rest is
+            // bad usage.
+            let code = if e.use_stderr() { exit::USAGE } else { exit::OK };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        cli::Command::Simulate(args) => simulate::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => {
+            eprintln!("floodgate: {e}");
+            ExitCode::from(e.code)
+        }
+    }
+}

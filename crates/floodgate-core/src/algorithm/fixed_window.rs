@@ -6,17 +6,16 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     let w = limit.window_us();
     let l = limit.limit();
     let (id, count) = state.window();
-    let mut now = now;
-    let mut wid = now / w;
+    let (mut wid, mut e) = limit.window_div().div_rem(now);
     if wid < *id {
         wid = *id;
-        now = wid * w;
+        e = 0;
     }
     if wid != *id {
         *id = wid;
         *count = 0;
     }
-    let until_end = (wid + 1).saturating_mul(w) - now;
+    let until_end = w - e;
     let reset = |c: u64| if c == 0 { 0 } else { until_end };
     match count.checked_add(hits) {
         Some(next) if next <= l || hits == 0 => {

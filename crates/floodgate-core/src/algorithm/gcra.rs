@@ -11,7 +11,7 @@
 //! * shaper: capacity `burst + 1` (one in service, `burst` queued), and an
 //!   admitted request is held for `delay = max(0, TAT - now)`.
 
-use crate::math::{div, div_ceil, sat64};
+use crate::math::sat64;
 use crate::{Decision, Limit, State};
 
 pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool) -> Decision {
@@ -22,7 +22,7 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
     let cap = slots * w128;
     let (us, rem) = state.tat();
     let backlog = if *us >= now { u128::from(*us - now) * l128 + u128::from(*rem) } else { 0 };
-    let remaining = |backlog: u128| sat64(div(cap.saturating_sub(backlog), w128));
+    let remaining = |backlog: u128| sat64(limit.window_div().div_wide(cap.saturating_sub(backlog)));
     // ceil(backlog / L): the wait until the bucket is full (empty queue).
     let reset = |us: u64, rem: u64| if us >= now { us - now + u64::from(rem > 0) } else { 0 };
     let cost = u128::from(hits) * w128;
@@ -30,7 +30,7 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
         return Decision::allow(l, remaining(backlog), reset(*us, *rem));
     }
     if backlog + cost > cap {
-        let retry = (cost <= cap).then(|| sat64(div_ceil(backlog + cost - cap, l128)));
+        let retry = (cost <= cap).then(|| sat64(limit.limit_div().div_ceil_wide(backlog + cost - cap)));
         return Decision::deny(l, remaining(backlog), reset(*us, *rem), retry);
     }
     let delay = if shape { reset(*us, *rem) } else { 0 };
@@ -44,7 +44,7 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
         (u128::from(q), r)
     } else {
         let hr = u128::from(hits) * u128::from(r);
-        let carry = div(hr, l128);
+        let carry = limit.limit_div().div_wide(hr);
         (u128::from(hits) * u128::from(q) + carry, sat64(hr - carry * l128))
     };
     let mut new_rem = *rem + add_rem;

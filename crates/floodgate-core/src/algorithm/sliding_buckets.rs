@@ -6,10 +6,11 @@ use crate::{Decision, Limit, State};
 
 pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64, hits: u64) -> Decision {
     let g = u64::from(granularity);
-    let size = limit.window_us() / g;
+    let size = limit.bucket_div().get();
+    let slot = |id: u64| limit.granularity_div().div_rem(id).1 as usize;
     let l = limit.limit();
     let mut now = now;
-    let mut bid = now / size;
+    let mut bid = limit.bucket_div().div(now);
     let ring = state.buckets(granularity as usize, bid);
     let Some(([last, sum], counts)) = ring.split_first_chunk_mut::<2>() else {
         unreachable!("the ring has two header words")
@@ -24,7 +25,7 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
         *sum = 0;
     } else {
         for id in *last + 1..=bid {
-            let c = &mut counts[(id % g) as usize];
+            let c = &mut counts[slot(id)];
             *sum -= *c;
             *c = 0;
         }
@@ -37,11 +38,11 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
         if sum == 0 {
             return 0;
         }
-        (oldest..=bid).rev().find(|id| counts[(id % g) as usize] > 0).map_or(0, gone_at)
+        (oldest..=bid).rev().find(|&id| counts[slot(id)] > 0).map_or(0, gone_at)
     };
     match sum.checked_add(hits) {
         Some(next) if next <= l || hits == 0 => {
-            counts[(bid % g) as usize] += hits;
+            counts[slot(bid)] += hits;
             *sum = next;
             Decision::allow(l, l.saturating_sub(next), reset(counts, next))
         }
@@ -50,7 +51,7 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
                 let mut need = *sum + hits - l;
                 let mut at = gone_at(bid);
                 for id in oldest..=bid {
-                    need = need.saturating_sub(counts[(id % g) as usize]);
+                    need = need.saturating_sub(counts[slot(id)]);
                     if need == 0 {
                         at = gone_at(id);
                         break;

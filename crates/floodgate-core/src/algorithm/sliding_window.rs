@@ -10,24 +10,22 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     let w = limit.window_us();
     let l = limit.limit();
     let (id, prev, cur) = state.sliding();
-    let mut now = now;
-    let mut wid = now / w;
+    let (mut wid, mut e) = limit.window_div().div_rem(now);
     if wid < *id {
         wid = *id;
-        now = wid * w;
+        e = 0;
     }
     if wid != *id {
         *prev = if wid == *id + 1 { *cur } else { 0 };
         *cur = 0;
         *id = wid;
     }
-    let e = now - wid * w;
     let (w128, l128) = (u128::from(w), u128::from(l));
     // The previous window's weight, in units of 1/W.
     let weighted_prev = u128::from(*prev) * u128::from(w - e);
     let used = weighted_prev + u128::from(*cur) * w128;
     let cap = l128 * w128;
-    let remaining = |used: u128| sat64(div(cap.saturating_sub(used), w128));
+    let remaining = |used: u128| sat64(limit.window_div().div_wide(cap.saturating_sub(used)));
     let reset = |prev: u64, cur: u64| {
         if cur > 0 {
             2 * w - e

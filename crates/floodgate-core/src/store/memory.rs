@@ -4,9 +4,10 @@
 //!   flooding) picks one of N mutex-guarded hash tables and probes it with
 //!   the same hash. No global lock; an existing key's decision allocates
 //!   nothing.
-//! * **Small**: one slot per key is 56 bytes (key pointer, state, expiry,
-//!   parameter fingerprint) plus the key's bytes; `sliding_buckets` and
-//!   `sliding_log` add their history on the heap.
+//! * **Small**: one slot per key is 64 bytes, one cache line: the key (up to
+//!   22 bytes inline, longer ones on the heap), the state, its expiry and
+//!   the limit's fingerprint; `sliding_buckets` and `sliding_log` add their
+//!   history on the heap.
 //! * **Expiry**: each slot records when its state is back to empty. Expired
 //!   keys are dropped when a shard grows (its length doubles since its last
 //!   sweep), at most every [`SWEEP_INTERVAL_S`] seconds on an insert, and by
@@ -30,6 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
+
+use super::key::StoredKey;
 
 use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
 
@@ -77,9 +80,10 @@ struct ShardInner {
     swept_s: u32,
 }
 
-/// One key. 56 bytes.
+/// One key: 64 bytes, one cache line.
+#[repr(align(64))]
 struct Slot {
-    key: Box<str>,
+    key: StoredKey,
     state: State,
     /// Second (since the epoch, rounded up) from which the state is empty.
     expires_s: u32,
@@ -186,7 +190,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn apply_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
         let mut shard = self.lock(hash);
-        if let Some(slot) = shard.table.find_mut(hash, |s| *s.key == *key) {
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(key)) {
             if slot.fp != limit.fingerprint() {
                 slot.state = State::new();
                 slot.fp = limit.fingerprint();
@@ -201,8 +205,8 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(d);
         }
         self.make_room(&mut shard, seconds(now_us))?;
-        let slot = Slot { key: key.into(), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
-        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(&*s.key));
+        let slot = Slot { key: StoredKey::new(key), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+        shard.table.insert_unique(hash, slot, |s| hash_key(&self.hasher, &s.key));
         Ok(d)
     }
 
@@ -252,7 +256,7 @@ impl<C: Clock> MemoryStore<C> {
             .map(|s| {
                 let inner = s.0.lock().unwrap_or_else(PoisonError::into_inner);
                 inner.table.capacity() * (size_of::<Slot>() + 1)
-                    + inner.table.iter().map(|slot| slot.key.len() + slot.state.heap_bytes()).sum::<usize>()
+                    + inner.table.iter().map(|slot| slot.key.heap_bytes() + slot.state.heap_bytes()).sum::<usize>()
             })
             .sum()
     }
@@ -313,7 +317,7 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
     shard.table.retain(|s| s.expires_s > now_s);
     let len = shard.table.len();
     if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-        shard.table.shrink_to(2 * len, |s| hasher.hash_one(&*s.key));
+        shard.table.shrink_to(2 * len, |s| hash_key(hasher, &s.key));
     }
     shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
     shard.sweep_at_s = now_s.saturating_add(SWEEP_INTERVAL_S);
@@ -344,6 +348,14 @@ fn evict_nearest_expiry(table: &mut HashTable<Slot>, free: usize, max: usize) ->
     excess
 }
 
+/// The hash of a stored key: the same as of the `&str` it was made from.
+fn hash_key(hasher: &foldhash::fast::RandomState, key: &StoredKey) -> u64 {
+    match key {
+        StoredKey::Heap(s) => hasher.hash_one(&**s),
+        inline => hasher.hash_one(std::str::from_utf8(inline.as_bytes()).unwrap_or_default()),
+    }
+}
+
 #[inline]
 fn seconds(us: u64) -> u32 {
     u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
@@ -360,9 +372,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_56_bytes() {
-        // key pointer 16 + state 32 + expiry 4 + fingerprint 4.
-        assert_eq!(size_of::<Slot>(), 56);
+    fn a_slot_is_one_cache_line() {
+        // key 24 (inline up to 22 bytes) + state 32 + expiry 4 + fingerprint 4.
+        assert_eq!(size_of::<Slot>(), 64);
         assert_eq!(size_of::<State>(), 32);
     }
 }

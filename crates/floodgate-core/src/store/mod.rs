@@ -1,5 +1,6 @@
 //! Stores apply limits to keyed state, atomically per key.
 
+mod key;
 pub mod memory;
 
 use std::future::Future;

@@ -1,0 +1,345 @@
+//! `floodgate simulate`: replay a trace through one algorithm, or compare all
+//! of them with the exact `sliding_log` (`--report`).
+
+use std::borrow::Cow;
+use std::io::{self, BufRead, BufWriter, Write};
+use std::time::Duration;
+
+use floodgate_core::{
+    Algorithm, AlgorithmKind, Decision, LeakyMode, Limit, LimitError, MAX_GRANULARITY, ManualClock, MemoryStore,
+    parse_duration,
+};
+use serde::Deserialize;
+
+use crate::cli::SimulateArgs;
+use crate::exit::Failure;
+
+/// One input line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Event<'a> {
+    at_ms: u64,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(default = "one")]
+    hits: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A store per algorithm, keyed like the trace; unbounded (a simulation
+/// should not evict) and fed explicit times.
+type SimStore = MemoryStore<ManualClock>;
+
+fn store() -> SimStore {
+    MemoryStore::builder().clock(ManualClock::new(0)).max_keys(usize::MAX >> 1).build()
+}
+
+pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
+    let window = parse_duration(&args.window).map_err(|e| Failure::usage(format!("--window: {e}")))?;
+    let mode = args.mode.as_deref().map(str::parse::<LeakyMode>).transpose().map_err(usage("--mode"))?;
+    let stdin = io::stdin().lock();
+    let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let result = if args.report {
+        let limits = report_limits(args, window, mode)?;
+        report(stdin, stdout, &limits)
+    } else {
+        let name = args.algorithm.as_deref().unwrap_or_default();
+        let kind: AlgorithmKind = name.parse().map_err(usage("--algorithm"))?;
+        let algorithm =
+            Algorithm::from_parts(kind, args.burst, args.granularity, mode).map_err(usage("--algorithm"))?;
+        let limit = Limit::new(algorithm, args.limit, window).map_err(usage("--limit/--window"))?;
+        replay(stdin, stdout, &limit)
+    };
+    match result {
+        Err(Failure { code: crate::exit::OK, .. }) => Ok(()),
+        other => other,
+    }
+}
+
+fn usage(flag: &'static str) -> impl Fn(LimitError) -> Failure {
+    move |e| Failure::usage(format!("{flag}: {e}"))
+}
+
+/// Print one decision line per event.
+fn replay(input: impl BufRead, mut out: impl Write, limit: &Limit) -> Result<(), Failure> {
+    let store = store();
+    let shape = matches!(limit.algorithm(), Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. });
+    for_each_event(input, |ev| {
+        let d = decide(&store, limit, ev)?;
+        write!(
+            out,
+            "{{\"allowed\": {}, \"remaining\": {}, \"reset_after_ms\": {}, \"retry_after_ms\": ",
+            d.allowed,
+            d.remaining,
+            ms(d.reset_after)
+        )
+        .and_then(|()| match d.retry_after {
+            Some(r) => write!(out, "{}", ms(r)),
+            None => out.write_all(b"null"),
+        })
+        .and_then(|()| if shape { write!(out, ", \"delay_ms\": {}}}\n", ms(d.delay)) } else { out.write_all(b"}\n") })
+        .map_err(write_failed)
+    })?;
+    out.flush().map_err(write_failed)
+}
+
+fn decide(store: &SimStore, limit: &Limit, ev: &Event<'_>) -> Result<Decision, Failure> {
+    let now = ev.at_ms.saturating_mul(1_000);
+    store.apply_at(&ev.key, limit, ev.hits, now).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+/// Milliseconds, rounded up: a wait is never reported shorter than it is.
+fn ms(d: Duration) -> u128 {
+    d.as_micros().div_ceil(1_000)
+}
+
+/// Read JSON lines, check them, and hand each event to `f`. Stops at the
+/// first bad line with its number and what is wrong.
+fn for_each_event(
+    mut input: impl BufRead,
+    mut f: impl FnMut(&Event<'_>) -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    let mut line = String::new();
+    let mut number = 0u64;
+    let mut last_at = 0u64;
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(Failure::usage(format!("stdin line {}: not valid UTF-8", number + 1)));
+            }
+            Err(e) => return Err(Failure::runtime(format!("reading stdin: {e}"))),
+        }
+        number += 1;
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let ev: Event<'_> = serde_json::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            let msg = msg.rsplit_once(" at line ").map_or(msg.as_str(), |(m, _)| m);
+            Failure::usage(format!(
+                "stdin line {number}, column {}: {msg}; expected {{\"at_ms\": 1200, \"key\": \"alice\", \"hits\": 1}}",
+                e.column()
+            ))
+        })?;
+        if ev.at_ms < last_at {
+            return Err(Failure::usage(format!(
+                "stdin line {number}: at_ms {} is before the previous line's {last_at}; sort the trace by at_ms",
+                ev.at_ms
+            )));
+        }
+        last_at = ev.at_ms;
+        f(&ev)?;
+    }
+}
+
+/// Stdout closed (e.g. piped into `head`): stop quietly, as a filter does.
+fn write_failed(e: io::Error) -> Failure {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Failure::stop()
+    } else {
+        Failure::runtime(format!("writing stdout: {e}"))
+    }
+}
+
+/// The algorithms `--report` compares, first the exact reference.
+fn report_limits(
+    args: &SimulateArgs,
+    window: Duration,
+    mode: Option<LeakyMode>,
+) -> Result<Vec<(String, Limit)>, Failure> {
+    if args.algorithm.is_some() || mode.is_some() {
+        return Err(Failure::usage("--report runs every algorithm: drop --algorithm and --mode"));
+    }
+    if args.limit > floodgate_core::MAX_LOG_LIMIT {
+        return Err(Failure::usage(format!(
+            "--report compares with sliding_log, which supports limits up to {}; scale the trace down",
+            floodgate_core::MAX_LOG_LIMIT
+        )));
+    }
+    let window_us = window.as_micros();
+    let granularity = args.granularity.unwrap_or_else(|| {
+        (1..=MAX_GRANULARITY).filter(|g| window_us % u128::from(*g) == 0).min_by_key(|g| g.abs_diff(10)).unwrap_or(1)
+    });
+    let burst = args.burst;
+    let algorithms = [
+        ("sliding_log (exact)".to_owned(), Algorithm::SlidingLog),
+        ("fixed_window".to_owned(), Algorithm::FixedWindow),
+        ("sliding_window".to_owned(), Algorithm::SlidingWindow),
+        (format!("sliding_buckets (g={granularity})"), Algorithm::SlidingBuckets { granularity }),
+        ("token_bucket".to_owned(), Algorithm::TokenBucket { burst }),
+        ("gcra".to_owned(), Algorithm::Gcra { burst }),
+        ("leaky_bucket (meter)".to_owned(), Algorithm::LeakyBucket { burst, mode: LeakyMode::Meter }),
+        ("leaky_bucket (shape)".to_owned(), Algorithm::LeakyBucket { burst, mode: LeakyMode::Shape }),
+    ];
+    algorithms
+        .into_iter()
+        .map(|(name, a)| {
+            Limit::new(a, args.limit, window)
+                .map(|l| (name.clone(), l))
+                .map_err(|e| Failure::usage(format!("{name}: {e}")))
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Tally {
+    admitted: u64,
+    denied: u64,
+    wrongly_allowed: u64,
+    wrongly_denied: u64,
+    delay_us: u128,
+}
+
+/// Run every algorithm on the trace; print a table.
+fn report(input: impl BufRead, mut out: impl Write, limits: &[(String, Limit)]) -> Result<(), Failure> {
+    let stores: Vec<SimStore> = limits.iter().map(|_| store()).collect();
+    let mut tallies: Vec<Tally> = limits.iter().map(|_| Tally::default()).collect();
+    let mut events = 0u64;
+    for_each_event(input, |ev| {
+        events += 1;
+        let mut exact = true;
+        for (i, ((_, limit), store)) in limits.iter().zip(&stores).enumerate() {
+            let d = decide(store, limit, ev)?;
+            let t = &mut tallies[i];
+            if i == 0 {
+                exact = d.allowed;
+            }
+            if d.allowed {
+                t.admitted += 1;
+                t.delay_us += d.delay.as_micros();
+            } else {
+                t.denied += 1;
+            }
+            match (d.allowed, exact) {
+                (true, false) => t.wrongly_allowed += 1,
+                (false, true) => t.wrongly_denied += 1,
+                _ => {}
+            }
+        }
+        Ok(())
+    })?;
+    let (_, reference) = &limits[0];
+    let mut text = format!(
+        "{events} requests; limit {} per {}{}\n\n{:<28} {:>10} {:>10} {:>16} {:>16} {:>10}\n",
+        reference.limit(),
+        floodgate_core::HumanDuration(reference.window()),
+        limits.get(4).map(|(_, l)| format!(", burst {}", l.burst())).unwrap_or_default(),
+        "algorithm",
+        "admitted",
+        "denied",
+        "wrongly allowed",
+        "wrongly denied",
+        "agreement",
+    );
+    for ((name, _), t) in limits.iter().zip(&tallies) {
+        let agree = if events == 0 {
+            100.0
+        } else {
+            100.0 * (events - t.wrongly_allowed - t.wrongly_denied) as f64 / events as f64
+        };
+        text.push_str(&format!(
+            "{name:<28} {:>10} {:>10} {:>16} {:>16} {:>9.3}%\n",
+            t.admitted, t.denied, t.wrongly_allowed, t.wrongly_denied, agree
+        ));
+    }
+    let shaper = &tallies[tallies.len() - 1];
+    if shaper.admitted > 0 {
+        text.push_str(&format!(
+            "\nleaky_bucket (shape) queues instead of denying: mean delay of admitted requests {:.1} ms\n",
+            shaper.delay_us as f64 / shaper.admitted as f64 / 1_000.0
+        ));
+    }
+    text.push_str("\nwrongly allowed/denied: decisions that differ from sliding_log's on the same trace.\n");
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(write_failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(a: Algorithm, l: u64, w: &str) -> Limit {
+        Limit::new(a, l, parse_duration(w).unwrap()).unwrap()
+    }
+
+    fn replayed(input: &str, limit: &Limit) -> Result<String, Failure> {
+        let mut out = Vec::new();
+        replay(input.as_bytes(), &mut out, limit)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn prints_one_decision_per_line() {
+        let trace = "{\"at_ms\": 200, \"key\": \"alice\"}\n{\"at_ms\": 300, \"key\": \"alice\", \"hits\": 5}\n\n{\"at_ms\": 300, \"key\": \"bob\"}\n";
+        let out = replayed(trace, &limit(Algorithm::FixedWindow, 5, "1s")).unwrap();
+        assert_eq!(
+            out,
+            "{\"allowed\": true, \"remaining\": 4, \"reset_after_ms\": 800, \"retry_after_ms\": null}\n\
+             {\"allowed\": false, \"remaining\": 4, \"reset_after_ms\": 700, \"retry_after_ms\": 700}\n\
+             {\"allowed\": true, \"remaining\": 4, \"reset_after_ms\": 700, \"retry_after_ms\": null}\n"
+        );
+    }
+
+    #[test]
+    fn the_shaper_reports_its_delay() {
+        let trace = "{\"at_ms\": 0, \"key\": \"a\"}\n{\"at_ms\": 0, \"key\": \"a\"}\n";
+        let l = limit(Algorithm::LeakyBucket { burst: Some(1), mode: LeakyMode::Shape }, 4, "1s");
+        let out = replayed(trace, &l).unwrap();
+        assert!(out.lines().nth(1).unwrap().ends_with("\"delay_ms\": 250}"), "{out}");
+    }
+
+    #[test]
+    fn bad_lines_stop_with_their_number() {
+        let l = limit(Algorithm::FixedWindow, 5, "1s");
+        let cases = [
+            ("{\"at_ms\": 1, \"key\": \"a\"}\n{\"at_ms\": 1}\n", "stdin line 2, column 12: missing field `key`"),
+            ("{\"at_ms\": 1, \"key\": \"a\", \"hit\": 2}\n", "stdin line 1, column 30: unknown field `hit`"),
+            ("{\"at_ms\": -1, \"key\": \"a\"}\n", "stdin line 1"),
+            ("not json\n", "stdin line 1, column 2: expected ident"),
+            (
+                "{\"at_ms\": 5, \"key\": \"a\"}\n{\"at_ms\": 4, \"key\": \"a\"}\n",
+                "at_ms 4 is before the previous line's 5",
+            ),
+            ("{\"at_ms\": 5, \"key\": \"a\", \"hits\": 1.5}\n", "stdin line 1"),
+        ];
+        for (input, want) in cases {
+            let err = replayed(input, &l).unwrap_err();
+            assert_eq!(err.code, crate::exit::USAGE);
+            assert!(err.to_string().contains(want), "{input:?}: {err}");
+        }
+        let bad_utf8: &[u8] = b"{\"at_ms\": 1, \"key\": \"\xff\"}\n";
+        let err = replay(bad_utf8, Vec::new(), &l).unwrap_err();
+        assert!(err.to_string().contains("line 1: not valid UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn report_counts_disagreements_with_the_exact_log() {
+        // 2 per second; a burst of 2 at the end of one window and 2 at the
+        // start of the next: fixed_window admits all 4 (wrongly 2), the log 2.
+        let trace = "{\"at_ms\": 900, \"key\": \"k\"}\n{\"at_ms\": 900, \"key\": \"k\"}\n{\"at_ms\": 1000, \"key\": \"k\"}\n{\"at_ms\": 1000, \"key\": \"k\"}\n";
+        let args = SimulateArgs {
+            algorithm: None,
+            limit: 2,
+            window: "1s".into(),
+            burst: None,
+            granularity: None,
+            mode: None,
+            report: true,
+        };
+        let limits = report_limits(&args, Duration::from_secs(1), None).unwrap();
+        let mut out = Vec::new();
+        report(trace.as_bytes(), &mut out, &limits).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let row =
+            |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().collect::<Vec<_>>();
+        assert_eq!(row("sliding_log")[2..5], ["2", "2", "0"]);
+        assert_eq!(row("fixed_window")[1..4], ["4", "0", "2"], "{out}");
+        assert!(out.contains("sliding_buckets (g=10)"));
+    }
+}
