@@ -80,7 +80,7 @@ fn replay(input: impl BufRead, mut out: impl Write, limit: &Limit) -> Result<(),
             Some(r) => write!(out, "{}", ms(r)),
             None => out.write_all(b"null"),
         })
-        .and_then(|()| if shape { write!(out, ", \"delay_ms\": {}}}\n", ms(d.delay)) } else { out.write_all(b"}\n") })
+        .and_then(|()| if shape { writeln!(out, ", \"delay_ms\": {}}}", ms(d.delay)) } else { out.write_all(b"}\n") })
         .map_err(write_failed)
     })?;
     out.flush().map_err(write_failed)
@@ -165,7 +165,10 @@ fn report_limits(
     }
     let window_us = window.as_micros();
     let granularity = args.granularity.unwrap_or_else(|| {
-        (1..=MAX_GRANULARITY).filter(|g| window_us % u128::from(*g) == 0).min_by_key(|g| g.abs_diff(10)).unwrap_or(1)
+        (1..=MAX_GRANULARITY)
+            .filter(|g| window_us.is_multiple_of(u128::from(*g)))
+            .min_by_key(|g| g.abs_diff(10))
+            .unwrap_or(1)
     });
     let burst = args.burst;
     let algorithms = [
