@@ -1,0 +1,98 @@
+//! `floodgate simulate` through the real binary: output, exit codes, errors.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn simulate(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("simulate")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let _ = input.write_all(stdin.as_bytes());
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn replays_a_trace() {
+    let trace = "{\"at_ms\": 0, \"key\": \"alice\"}\n{\"at_ms\": 100, \"key\": \"alice\", \"hits\": 2}\n{\"at_ms\": 200, \"key\": \"alice\"}\n{\"at_ms\": 1000, \"key\": \"alice\"}\n";
+    let out = simulate(&["--algorithm", "fixed_window", "--limit", "3", "--window", "1s"], trace);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[2], "{\"allowed\": false, \"remaining\": 0, \"reset_after_ms\": 800, \"retry_after_ms\": 800}");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["allowed"].is_boolean());
+    }
+}
+
+#[test]
+fn bad_usage_and_bad_input_exit_64_with_a_message() {
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["--algorithm", "nope", "--limit", "3", "--window", "1s"], "", "unknown algorithm `nope`"),
+        (&["--algorithm", "gcra", "--limit", "3", "--window", "90"], "", "has no unit"),
+        (&["--algorithm", "fixed_window", "--limit", "3", "--window", "1s", "--burst", "2"], "", "has no burst"),
+        (&["--algorithm", "sliding_log", "--limit", "20000", "--window", "1s"], "", "capped at 10000"),
+        (
+            &["--algorithm", "gcra", "--limit", "3", "--window", "1s"],
+            "{\"at_ms\": 5}\n",
+            "line 1, column 12: missing field `key`",
+        ),
+        (&["--limit", "3", "--window", "1s"], "", "--algorithm"),
+        (&["--report", "--limit", "20000", "--window", "1s"], "", "up to 10000"),
+    ];
+    for (args, stdin, want) in cases {
+        let out = simulate(args, stdin);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn report_prints_a_table() {
+    let trace: String = (0..50).map(|i| format!("{{\"at_ms\": {}, \"key\": \"k{}\"}}\n", i * 10, i % 3)).collect();
+    let out = simulate(&["--report", "--limit", "5", "--window", "1s"], &trace);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("50 requests; limit 5 per 1s"), "{stdout}");
+    for name in [
+        "sliding_log (exact)",
+        "fixed_window",
+        "sliding_window",
+        "sliding_buckets (g=10)",
+        "gcra",
+        "leaky_bucket (shape)",
+    ] {
+        assert!(stdout.contains(name), "{name} missing: {stdout}");
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    // `floodgate simulate ... | head -1` must not fail or panic.
+    let trace: String = (0..200_000).map(|i| format!("{{\"at_ms\": {i}, \"key\": \"k\"}}\n")).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(["simulate", "--algorithm", "gcra", "--limit", "5", "--window", "1s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(trace.as_bytes());
+    });
+    drop(child.stdout.take()); // the reader goes away at once
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
