@@ -105,43 +105,38 @@ fn million_keys(c: &mut Criterion) {
     g.finish();
 }
 
-/// Two threads hammering one key; the time reported is per call, over both
-/// threads together (aggregate throughput).
+/// Run `call` `iters` times split over two threads; the wall time is the
+/// time per call over both threads together (aggregate throughput).
+fn on_two_threads(iters: u64, call: impl Fn() + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| (0..iters / 2).for_each(|_| call()));
+        }
+    });
+    start.elapsed()
+}
+
+/// Two threads hammering one key.
 fn two_threads_one_key(c: &mut Criterion) {
     let mut g = c.benchmark_group("two_threads_one_key");
     let key = String::from("user:alice");
     let (store, fclock, limit) = floodgate();
     g.bench_function("floodgate", |b| {
         b.iter_custom(|iters| {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..2 {
-                    s.spawn(|| {
-                        for _ in 0..iters / 2 {
-                            fclock.advance(Duration::from_millis(1));
-                            black_box(store.apply_sync(&key, &limit, 1).unwrap());
-                        }
-                    });
-                }
-            });
-            start.elapsed()
+            on_two_threads(iters, || {
+                fclock.advance(Duration::from_millis(1));
+                black_box(store.apply_sync(&key, &limit, 1).unwrap());
+            })
         })
     });
     let (gov, gclock) = governor();
     g.bench_function("governor", |b| {
         b.iter_custom(|iters| {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..2 {
-                    s.spawn(|| {
-                        for _ in 0..iters / 2 {
-                            gclock.advance(Duration::from_millis(1));
-                            black_box(gov.check_key(&key).is_ok());
-                        }
-                    });
-                }
-            });
-            start.elapsed()
+            on_two_threads(iters, || {
+                gclock.advance(Duration::from_millis(1));
+                black_box(gov.check_key(&key).is_ok());
+            })
         })
     });
     g.finish();

@@ -1,17 +1,21 @@
 //! `floodgate simulate` through the real binary: output, exit codes, errors.
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
-fn simulate(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .arg("simulate")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn simulate(args: &[&str], stdin: &str) -> Output {
+    let mut child = spawn(args);
     let mut input = child.stdin.take().unwrap();
     let _ = input.write_all(stdin.as_bytes());
     drop(input);
@@ -79,13 +83,7 @@ fn report_prints_a_table() {
 fn a_closed_stdout_is_not_an_error() {
     // `floodgate simulate ... | head -1` must not fail or panic.
     let trace: String = (0..200_000).map(|i| format!("{{\"at_ms\": {i}, \"key\": \"k\"}}\n")).collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .args(["simulate", "--algorithm", "gcra", "--limit", "5", "--window", "1s"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(&["--algorithm", "gcra", "--limit", "5", "--window", "1s"]);
     let mut input = child.stdin.take().unwrap();
     let writer = std::thread::spawn(move || {
         let _ = input.write_all(trace.as_bytes());
