@@ -26,6 +26,7 @@ mod decision;
 mod duration;
 mod limit;
 mod math;
+pub mod rules;
 mod state;
 pub mod store;
 

@@ -1,0 +1,133 @@
+//! Loading a directory of rules files.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::model::RuleSet;
+use super::parse::{FileParser, LoadOptions};
+use super::{ConfigError, ConfigErrors, Pos};
+
+impl RuleSet {
+    /// Load every `*.yaml` / `*.yml` file under `dir` (recursively; hidden
+    /// files and directories skipped), one domain per file. All problems of
+    /// all files are reported at once; nothing is returned unless every file
+    /// is valid.
+    pub fn load_dir(dir: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigErrors> {
+        let fail = |message: String| ConfigErrors(vec![error(dir, Pos::default(), message)]);
+        let mut files = Vec::new();
+        collect(dir, &mut files, opts.max_files).map_err(fail)?;
+        files.sort();
+        let mut sources = Vec::with_capacity(files.len());
+        let mut errors = Vec::new();
+        for path in files {
+            match read_bounded(&path, opts.max_file_bytes) {
+                Ok(text) => sources.push((path, text)),
+                Err(message) => errors.push(error(&path, Pos::default(), message)),
+            }
+        }
+        let result = RuleSet::from_sources(sources, opts);
+        match result {
+            Err(ConfigErrors(mut more)) => {
+                errors.append(&mut more);
+                Err(ConfigErrors(errors))
+            }
+            Ok(_) if !errors.is_empty() => Err(ConfigErrors(errors)),
+            Ok(mut set) => {
+                if set.files.is_empty() {
+                    set.warnings.push(error(
+                        dir,
+                        Pos::default(),
+                        "no rules files (*.yaml, *.yml) here: nothing is limited".into(),
+                    ));
+                }
+                Ok(set)
+            }
+        }
+    }
+
+    /// Build from `(path, text)` pairs (the path is for messages).
+    pub fn from_sources(sources: Vec<(PathBuf, String)>, opts: &LoadOptions) -> Result<RuleSet, ConfigErrors> {
+        let mut set = RuleSet::default();
+        let mut errors = Vec::new();
+        let mut rules = 0;
+        let mut seen: HashMap<String, (PathBuf, Pos)> = HashMap::new();
+        for (i, (path, text)) in sources.into_iter().enumerate() {
+            let file = u32::try_from(i).unwrap_or(u32::MAX);
+            let mut parser = FileParser::new(file, &path, opts, rules);
+            let domain = parser.parse(&text);
+            rules = parser.rules;
+            errors.append(&mut parser.errors);
+            set.warnings.append(&mut parser.warnings);
+            if let Some(domain) = domain {
+                if let Some((other, pos)) = seen.get(&domain.name) {
+                    errors.push(error(
+                        &path,
+                        domain.pos,
+                        format!(
+                            "domain `{}` is already defined in {}:{pos}: put each domain in one file",
+                            domain.name,
+                            other.display()
+                        ),
+                    ));
+                } else {
+                    seen.insert(domain.name.clone(), (path.clone(), domain.pos));
+                    set.domains.insert(domain.name.clone(), domain);
+                }
+            }
+            set.files.push(path);
+        }
+        if errors.is_empty() { Ok(set) } else { Err(ConfigErrors(errors)) }
+    }
+
+    /// Build from one file's text (tests, examples, embedding).
+    pub fn from_yaml(path: impl Into<PathBuf>, text: &str) -> Result<RuleSet, ConfigErrors> {
+        RuleSet::from_sources(vec![(path.into(), text.to_owned())], &LoadOptions::default())
+    }
+}
+
+fn error(path: &Path, pos: Pos, message: String) -> ConfigError {
+    ConfigError { file: path.to_owned(), pos, field: String::new(), message }
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
+    let entries = fs::read_dir(dir).map_err(|e| format!("cannot read the rules directory: {e}"))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read the rules directory: {e}"))?;
+        let path = entry.path();
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let kind = entry.file_type().map_err(|e| format!("{}: {e}", path.display()))?;
+        // Follow symlinks (Kubernetes ConfigMaps are symlinks) by stat-ing.
+        let meta = if kind.is_symlink() { fs::metadata(&path).ok() } else { None };
+        let is_dir = meta.as_ref().map_or(kind.is_dir(), fs::Metadata::is_dir);
+        if is_dir {
+            collect(&path, out, max)?;
+        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            out.push(path);
+            if out.len() > max {
+                return Err(format!("more than {max} rules files: raise the bound or split the directory"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read at most `max` bytes; larger files, invalid UTF-8 and I/O failures
+/// become messages.
+fn read_bounded(path: &Path, max: u64) -> Result<String, String> {
+    let file = fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("larger than {max} bytes: split it, or raise the file size bound"));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let prefix = &e.as_bytes()[..at];
+        let line = prefix.iter().filter(|&&b| b == b'\n').count() + 1;
+        format!("not valid UTF-8 at line {line} (byte {at}): save the file as UTF-8")
+    })
+}

@@ -1,0 +1,143 @@
+//! Matching a request's descriptor against the rule tree, exactly as
+//! envoyproxy/ratelimit does:
+//!
+//! * each request entry `(key, value)` looks up `key_value` among the
+//!   current node's children; failing that the first wildcard child (file
+//!   order) whose pattern matches `key_value`; failing that the key-only
+//!   child `key` (one counter per distinct value);
+//! * no backtracking: a level's choice is final;
+//! * the rules that apply are those of the node matched by the **last**
+//!   entry; a walk that ends early, or on a node without rules, matches
+//!   nothing.
+//!
+//! Matching is hash lookups along the request's entries (plus the wildcard
+//! patterns of the nodes on the path), never a scan of all rules.
+
+use super::model::{DescNode, Rule, RuleSet};
+
+/// The rules one request descriptor matched, and the counter key of each.
+#[derive(Debug, Clone)]
+pub struct Match<'a> {
+    /// The rules (one per limit on the matched descriptor).
+    pub rules: &'a [Rule],
+    key: String,
+}
+
+impl Match<'_> {
+    /// The counter key of `rules[i]`: the domain and the request's entries
+    /// (a `share_threshold` wildcard's pattern instead of the value, so all
+    /// matching values share one counter), plus the rule's index when the
+    /// descriptor has several limits. Length-prefixed, so no key or value
+    /// can make two different descriptors collide.
+    pub fn counter_key(&self, i: usize) -> String {
+        if i == 0 { self.key.clone() } else { format!("{}#{i}", self.key) }
+    }
+}
+
+impl RuleSet {
+    /// The rules that apply to one descriptor (its `(key, value)` entries) of
+    /// a request in `domain`; `None` when nothing applies.
+    ///
+    /// ```
+    /// use floodgate_core::rules::RuleSet;
+    /// let rules = RuleSet::from_yaml("api.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\n").unwrap();
+    /// let m = rules.matches("api", &[("user", "alice")]).unwrap();
+    /// assert_eq!(m.rules[0].limit.as_ref().unwrap().limit(), 2);
+    /// assert!(rules.matches("api", &[("ip", "10.0.0.1")]).is_none());
+    /// ```
+    pub fn matches<K: AsRef<str>, V: AsRef<str>>(&self, domain: &str, entries: &[(K, V)]) -> Option<Match<'_>> {
+        let d = self.domains.get(domain)?;
+        let mut node = &d.nodes[0];
+        let mut shared: Vec<Option<&str>> = Vec::new();
+        let mut composite = String::new();
+        for (i, (k, v)) in entries.iter().enumerate() {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            composite.clear();
+            composite.push_str(k);
+            composite.push('_');
+            composite.push_str(v);
+            let mut via_wildcard = false;
+            let next = node
+                .children
+                .get(composite.as_str())
+                .or_else(|| {
+                    let hit =
+                        node.wildcards.iter().find(|(parts, _)| wildcard_match(parts, &composite)).map(|(_, idx)| idx);
+                    via_wildcard = hit.is_some();
+                    hit
+                })
+                .or_else(|| node.children.get(k))?;
+            let child: &DescNode = &d.nodes[*next as usize];
+            if via_wildcard && let Some(p) = &child.share_pattern {
+                shared.resize(i, None);
+                shared.push(Some(p));
+            }
+            if i + 1 == entries.len() {
+                if child.rules.is_empty() {
+                    return None;
+                }
+                return Some(Match { rules: &child.rules, key: counter_key(domain, entries, &shared) });
+            }
+            if child.children.is_empty() {
+                return None;
+            }
+            node = child;
+        }
+        None
+    }
+}
+
+fn counter_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)], shared: &[Option<&str>]) -> String {
+    use std::fmt::Write;
+    let mut key = String::with_capacity(16 + domain.len() + entries.len() * 16);
+    let _ = write!(key, "{}:{domain}", domain.len());
+    for (i, (k, v)) in entries.iter().enumerate() {
+        let (k, v) = (k.as_ref(), shared.get(i).copied().flatten().unwrap_or(v.as_ref()));
+        let _ = write!(key, "|{}:{k}{}:{v}", k.len(), v.len());
+    }
+    key
+}
+
+/// envoy's `*` matching over the whole `key_value` text: each `*` stands for
+/// any run of characters (possibly empty); the parts between are matched
+/// left to right, first occurrence first.
+fn wildcard_match(parts: &[Box<str>], s: &str) -> bool {
+    let [first, middle @ .., last] = parts else {
+        return parts.first().is_some_and(|p| **p == *s);
+    };
+    if s.len() < first.len() + last.len() || !s.starts_with(&**first) || !s.ends_with(&**last) {
+        return false;
+    }
+    let mut rest = &s[first.len()..s.len() - last.len()];
+    for part in middle {
+        match rest.find(&**part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard_match;
+
+    fn m(pattern: &str, s: &str) -> bool {
+        let parts: Vec<Box<str>> = pattern.split('*').map(Box::from).collect();
+        wildcard_match(&parts, s)
+    }
+
+    #[test]
+    fn wildcards_anywhere() {
+        assert!(m("wild_foo*", "wild_foo1") && m("wild_foo*", "wild_foo"));
+        assert!(!m("wild_foo*", "wild_bar"));
+        assert!(m("midWild_bar*b", "midWild_barab") && m("midWild_bar*b", "midWild_barb"));
+        assert!(!m("midWild_bar*b", "midWild_bara") && !m("midWild_bar*b", "midWild_xbarb"));
+        assert!(m("m_foo*bar*baz", "m_foo123bar456baz") && m("m_foo*bar*baz", "m_foobarbaz"));
+        assert!(!m("m_foo*bar*baz", "m_foo123baz"));
+        assert!(m("k_*", "k_") && m("k_*", "k_anything"));
+        assert!(m("exact", "exact") && !m("exact", "exactly"));
+        // The prefix and suffix may not overlap.
+        assert!(!m("ab*ba", "aba"));
+    }
+}

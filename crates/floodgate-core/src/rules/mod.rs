@@ -1,0 +1,31 @@
+//! Rules: the envoyproxy/ratelimit YAML format plus floodgate's extensions,
+//! validated with positioned errors, and matched against descriptors.
+//!
+//! ```yaml
+//! domain: api
+//! descriptors:
+//!   - key: remote_address            # one counter per client address
+//!     rate_limit:
+//!       unit: second
+//!       requests_per_unit: 10
+//!   - key: user
+//!     rate_limits:                   # several limits on one key (floodgate)
+//!       - { algorithm: gcra, window: 1s, requests_per_unit: 5, burst: 10 }
+//!       - { unit: day, requests_per_unit: 10000 }
+//! ```
+
+mod error;
+mod load;
+mod matcher;
+mod model;
+mod parse;
+pub(crate) mod yaml;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use matcher::Match;
+pub use model::{Domain, FailureMode, Rule, RuleSet, Source, Unit};
+pub use parse::LoadOptions;
+pub use yaml::Pos;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,208 @@
+//! The loaded rule tree.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{ConfigError, Pos};
+use crate::Limit;
+
+/// envoy's `rate_limit.unit`: a fixed window of this length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3600 s.
+    Hour,
+    /// 86 400 s.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year];
+
+    /// The unit's name, lower case.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Parse a unit name, ignoring case (as envoy does).
+    pub fn parse(s: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// The unit's window.
+    pub fn window(self) -> Duration {
+        Duration::from_secs(match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        })
+    }
+
+    /// The unit whose window is exactly `window`, if any.
+    pub fn of_window(window: Duration) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.window() == window)
+    }
+}
+
+/// What a rule does when its store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum FailureMode {
+    /// Allow the request (and count it in a metric): envoy's behaviour.
+    #[default]
+    Open,
+    /// Deny the request.
+    Closed,
+    /// Decide with the in-memory store, on `local_share` of the limit.
+    Local,
+}
+
+impl FailureMode {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// Where something was defined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source {
+    /// Index into [`RuleSet::files`](super::RuleSet::files).
+    pub file: u32,
+    /// Position in that file.
+    pub pos: Pos,
+}
+
+/// One limit attached to a descriptor (a `rate_limit` block, or one entry of
+/// `rate_limits`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// `name`, used by `replaces`.
+    pub name: Option<String>,
+    /// The limit; `None` for `unlimited: true`.
+    pub limit: Option<Limit>,
+    /// The envoy unit when the window is exactly one (for RLS responses).
+    pub unit: Option<Unit>,
+    /// Names of rules this one replaces within a request.
+    pub replaces: Vec<String>,
+    /// Count and report, but never deny.
+    pub shadow_mode: bool,
+    /// envoy's quota mode.
+    pub quota_mode: bool,
+    /// Per-value metrics (envoy's `detailed_metric`).
+    pub detailed_metric: bool,
+    /// What to do when the store fails.
+    pub failure_mode: FailureMode,
+    /// For `failure_mode: local`: the limit used locally,
+    /// `max(1, floor(limit * local_share))`.
+    pub local_limit: Option<Limit>,
+    /// envoy's stats key for the descriptor (`domain.key1_value1.subkey1`).
+    pub stats_key: String,
+    /// Where the rule is defined.
+    pub source: Source,
+}
+
+/// A node of a domain's descriptor tree.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DescNode {
+    pub(crate) rules: Vec<Rule>,
+    /// Children by composite key (`key` or `key_value`).
+    pub(crate) children: HashMap<Box<str>, u32>,
+    /// Children whose composite key holds `*`, in file order: the pattern
+    /// split at `*`, the child.
+    pub(crate) wildcards: Vec<(Box<[Box<str>]>, u32)>,
+    /// The composite key pattern, for `share_threshold`.
+    pub(crate) share_pattern: Option<Box<str>>,
+    /// Where the descriptor is defined.
+    pub(crate) pos: Pos,
+}
+
+/// One domain: its file and its descriptor tree.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    pub(crate) name: String,
+    pub(crate) file: u32,
+    /// Where `domain:` is.
+    pub(crate) pos: Pos,
+    /// Node 0 is the root (the domain itself).
+    pub(crate) nodes: Vec<DescNode>,
+}
+
+impl Domain {
+    /// The domain's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Index of the domain's file in [`RuleSet::files`].
+    pub fn file(&self) -> usize {
+        self.file as usize
+    }
+
+    /// Every rule of the domain, in file order.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.nodes.iter().flat_map(|n| n.rules.iter())
+    }
+}
+
+/// A validated set of domains, ready to match.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    pub(crate) domains: HashMap<String, Domain>,
+    pub(crate) files: Vec<PathBuf>,
+    pub(crate) warnings: Vec<ConfigError>,
+}
+
+impl RuleSet {
+    /// The domains, by name.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    /// One domain.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// The files the rules came from.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Things that loaded but probably do not do what was meant (e.g. an
+    /// envoy field at the wrong level, which envoy ignores too).
+    pub fn warnings(&self) -> &[ConfigError] {
+        &self.warnings
+    }
+
+    /// Total number of rules.
+    pub fn rule_count(&self) -> usize {
+        self.domains.values().map(|d| d.rules().count()).sum()
+    }
+}

@@ -1,0 +1,834 @@
+//! YAML rules → [`Domain`], validated, every problem reported with its
+//! position.
+//!
+//! Compatibility with envoyproxy/ratelimit: every file it accepts loads and
+//! matches the same; every file it rejects is rejected. Its valid keys at a
+//! level where it ignores them (e.g. `unit` on a descriptor) load with a
+//! warning, since envoy loads them too; floodgate's own keys in the wrong
+//! place, and unknown keys, are errors.
+
+use std::path::Path;
+
+use super::model::{DescNode, Domain, FailureMode, Rule, Source, Unit};
+use super::yaml::{self, Bounds, Node};
+use super::{ConfigError, Pos};
+use crate::{Algorithm, AlgorithmKind, LeakyMode, Limit, LimitError, parse_duration};
+
+/// Bounds on what a rules directory may hold. Inputs beyond them are errors,
+/// never a crash or an unbounded allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// Largest rules file, in bytes (default 4 MiB).
+    pub max_file_bytes: u64,
+    /// Deepest YAML nesting (default 64).
+    pub max_depth: usize,
+    /// Most YAML nodes per file, aliases expanded (default 1 000 000).
+    pub max_nodes: usize,
+    /// Most rules in the whole set (default 100 000).
+    pub max_rules: usize,
+    /// Most files in the directory (default 10 000).
+    pub max_files: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { max_file_bytes: 4 << 20, max_depth: 64, max_nodes: 1_000_000, max_rules: 100_000, max_files: 10_000 }
+    }
+}
+
+/// The keys envoy accepts at any level (it checks one flat set).
+const ENVOY_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+const TOP_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "rate_limits",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "requests_per_unit",
+    "unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "window",
+    "burst",
+    "granularity",
+    "mode",
+    "failure_mode",
+    "local_share",
+];
+const REPLACES_KEYS: &[&str] = &["name"];
+
+pub(crate) struct FileParser<'a> {
+    file: u32,
+    path: &'a Path,
+    opts: &'a LoadOptions,
+    pub(crate) errors: Vec<ConfigError>,
+    pub(crate) warnings: Vec<ConfigError>,
+    /// Rules counted so far across the set (bounded by `max_rules`).
+    pub(crate) rules: usize,
+}
+
+/// The descriptor-level flags a rule inherits from its descriptor.
+#[derive(Default, Clone, Copy)]
+struct Flags {
+    shadow_mode: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
+}
+
+impl<'a> FileParser<'a> {
+    pub(crate) fn new(file: u32, path: &'a Path, opts: &'a LoadOptions, rules: usize) -> Self {
+        Self { file, path, opts, errors: Vec::new(), warnings: Vec::new(), rules }
+    }
+
+    fn error(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.path.to_owned(),
+            pos,
+            field: field.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    fn warn(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
+        self.warnings.push(ConfigError {
+            file: self.path.to_owned(),
+            pos,
+            field: field.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    /// Parse one file's text into a domain (`None` when it has errors).
+    pub(crate) fn parse(&mut self, text: &str) -> Option<Domain> {
+        let bounds = Bounds { max_depth: self.opts.max_depth, max_nodes: self.opts.max_nodes };
+        let root = match yaml::parse(text, bounds) {
+            Ok(Some(root)) => root,
+            Ok(None) => {
+                self.error(Pos::default(), "", "empty file: a rules file needs `domain:` and `descriptors:`");
+                return None;
+            }
+            Err(e) => {
+                self.error(e.pos, "", e.message);
+                return None;
+            }
+        };
+        let before = self.errors.len();
+        let entries = self.map(&root, "")?;
+        let mut domain_name = None;
+        let mut descriptors = None;
+        for (k, v) in entries {
+            match self.key(k, v, "", TOP_KEYS).as_deref() {
+                Some("domain") => domain_name = self.string(v, "domain").map(|s| (s, v.pos())),
+                Some("descriptors") => descriptors = Some(v),
+                _ => {}
+            }
+        }
+        let domain_name_pos = domain_name.as_ref().map(|(_, p)| *p);
+        let name = match domain_name {
+            Some((name, _)) if !name.is_empty() => name,
+            Some((_, pos)) => {
+                self.error(pos, "domain", "empty domain: write the domain name, e.g. domain: api");
+                return None;
+            }
+            None => {
+                self.error(root.pos(), "domain", "missing domain: add a line `domain: <name>` at the top");
+                return None;
+            }
+        };
+        let pos = domain_name_pos.unwrap_or_default();
+        let mut domain = Domain { name: name.clone(), file: self.file, pos, nodes: vec![DescNode::default()] };
+        if let Some(list) = descriptors {
+            self.descriptors(&mut domain, 0, list, "descriptors", &name);
+        }
+        (self.errors.len() == before).then_some(domain)
+    }
+
+    /// Check a mapping key against the keys known at this level; returns the
+    /// key when it is one of them.
+    fn key(&mut self, k: &Node, v: &Node, at: &str, known: &[&str]) -> Option<String> {
+        let field = |name: &str| if at.is_empty() { name.to_owned() } else { format!("{at}.{name}") };
+        let name = match k {
+            Node::Scalar { value, plain, .. } if !(*plain && (is_number(value) || k.is_null() || is_bool(value))) => {
+                value.clone()
+            }
+            _ => {
+                self.error(k.pos(), at, format!("key {} is not a string: write a field name", describe(k)));
+                return None;
+            }
+        };
+        if known.contains(&name.as_str()) {
+            return Some(name);
+        }
+        if ENVOY_KEYS.contains(&name.as_str()) {
+            self.check_leaves(v, &field(&name));
+            self.warn(
+                k.pos(),
+                &field(&name),
+                format!("`{name}` is ignored here (envoy ignores it too): it belongs {}", where_key_belongs(&name)),
+            );
+            return None;
+        }
+        let hint = if known.contains(&"rate_limit") && RATE_LIMIT_KEYS.contains(&name.as_str()) {
+            format!("; `{name}` belongs inside rate_limit")
+        } else {
+            closest(&name, known).map(|c| format!("; did you mean `{c}`?")).unwrap_or_default()
+        };
+        self.error(
+            k.pos(),
+            &field(&name),
+            format!("unknown field `{name}`: expected one of {}{hint}", known.join(", ")),
+        );
+        None
+    }
+
+    fn map<'n>(&mut self, node: &'n Node, field: &str) -> Option<&'n [(Node, Node)]> {
+        match node {
+            Node::Map { entries, .. } => Some(entries),
+            other => {
+                self.error(
+                    other.pos(),
+                    field,
+                    format!("expected a mapping (`field: value` lines), found {}", other.kind()),
+                );
+                None
+            }
+        }
+    }
+
+    /// A scalar as text (null is the empty string, as in envoy); floats are
+    /// rejected, as envoy does.
+    fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match node {
+            Node::Scalar { value, plain, pos } => {
+                if *plain && is_float(value) {
+                    self.error(
+                        *pos,
+                        field,
+                        format!("`{value}` reads as a number with a fraction: quote it, e.g. \"{value}\""),
+                    );
+                    return None;
+                }
+                Some(if node.is_null() { String::new() } else { value.clone() })
+            }
+            other => {
+                self.error(other.pos(), field, format!("expected text, found {}", other.kind()));
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
+        match node {
+            Node::Scalar { value, plain: true, .. } if node.is_null() => {
+                let _ = value;
+                Some(false)
+            }
+            Node::Scalar { value, plain: true, .. } => match value.as_str() {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Some(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Some(false),
+                _ => {
+                    self.error(node.pos(), field, format!("expected true or false, found `{value}`"));
+                    None
+                }
+            },
+            other => {
+                self.error(other.pos(), field, format!("expected true or false, found {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    /// A whole number in `0..=max`.
+    fn integer(&mut self, node: &Node, field: &str, max: u64) -> Option<u64> {
+        let (value, plain) = match node {
+            Node::Scalar { value, plain, .. } => (value.as_str(), *plain),
+            other => {
+                self.error(other.pos(), field, format!("expected a whole number, found {}", other.kind()));
+                return None;
+            }
+        };
+        let digits = value.strip_prefix('+').unwrap_or(value);
+        if !plain {
+            self.error(
+                node.pos(),
+                field,
+                format!("expected a whole number, found the text \"{value}\": remove the quotes"),
+            );
+            return None;
+        }
+        if value.starts_with('-') && value[1..].bytes().all(|b| b.is_ascii_digit()) && value.len() > 1 {
+            self.error(node.pos(), field, format!("{value} is negative: write a whole number from 0 to {max}"));
+            return None;
+        }
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            self.error(node.pos(), field, format!("expected a whole number from 0 to {max}, found `{value}`"));
+            return None;
+        }
+        match digits.parse::<u64>() {
+            Ok(n) if n <= max => Some(n),
+            _ => {
+                self.error(node.pos(), field, format!("{value} is too large: the largest is {max}"));
+                None
+            }
+        }
+    }
+
+    /// Reject what envoy rejects in leaves it does not read (floats,
+    /// non-mapping list items), so a file valid here is valid there.
+    fn check_leaves(&mut self, node: &Node, field: &str) {
+        match node {
+            Node::Scalar { value, plain: true, pos } if is_float(value) => {
+                self.error(*pos, field, format!("`{value}` reads as a number with a fraction: quote it"));
+            }
+            Node::Seq { items, .. } => {
+                for (i, item) in items.iter().enumerate() {
+                    if !matches!(item, Node::Map { .. }) {
+                        self.error(item.pos(), &format!("{field}[{i}]"), "list items must be mappings");
+                    } else {
+                        self.check_leaves(item, &format!("{field}[{i}]"));
+                    }
+                }
+            }
+            Node::Map { entries, .. } => {
+                for (_, v) in entries {
+                    self.check_leaves(v, field);
+                }
+            }
+            Node::Scalar { .. } => {}
+        }
+    }
+
+    fn descriptors(&mut self, domain: &mut Domain, parent: u32, list: &Node, field: &str, stats: &str) {
+        if list.is_null() {
+            return;
+        }
+        let Node::Seq { items, .. } = list else {
+            self.error(
+                list.pos(),
+                field,
+                format!("expected a list of descriptors (`- key: ...`), found {}", list.kind()),
+            );
+            return;
+        };
+        for (i, item) in items.iter().enumerate() {
+            self.descriptor(domain, parent, item, &format!("{field}[{i}]"), stats);
+        }
+    }
+
+    fn descriptor(&mut self, domain: &mut Domain, parent: u32, node: &Node, field: &str, stats: &str) {
+        let Some(entries) = self.map(node, field) else { return };
+        let (mut key, mut value) = (None, String::new());
+        let (mut rate_limit, mut rate_limits, mut children) = (None, None, None);
+        let mut flags = Flags::default();
+        let mut share = None;
+        for (k, v) in entries {
+            let Some(name) = self.key(k, v, field, DESCRIPTOR_KEYS) else { continue };
+            let f = format!("{field}.{name}");
+            match name.as_str() {
+                "key" => key = self.string(v, &f).map(|s| (s, v.pos())),
+                "value" => value = self.string(v, &f).unwrap_or_default(),
+                "rate_limit" => rate_limit = Some((k.pos(), v)),
+                "rate_limits" => rate_limits = Some((k.pos(), v)),
+                "descriptors" => children = Some(v),
+                "shadow_mode" => flags.shadow_mode = self.boolean(v, &f).unwrap_or(false),
+                "quota_mode" => flags.quota_mode = self.boolean(v, &f).unwrap_or(false),
+                "detailed_metric" => flags.detailed_metric = self.boolean(v, &f).unwrap_or(false),
+                "value_to_metric" => {
+                    // Metric naming only; validated here, used by the service.
+                    self.boolean(v, &f);
+                }
+                "share_threshold" => share = self.boolean(v, &f).map(|b| (b, k.pos())),
+                _ => {} // metadata: free-form, returned as is, never validated
+            }
+        }
+        let key = match key {
+            Some((k, _)) if !k.is_empty() => k,
+            Some((_, pos)) => {
+                self.error(pos, &format!("{field}.key"), "empty key: write the descriptor key, e.g. key: user");
+                return;
+            }
+            None => {
+                self.error(node.pos(), &format!("{field}.key"), "missing key: every descriptor needs `key:`");
+                return;
+            }
+        };
+        let composite = if value.is_empty() { key.clone() } else { format!("{key}_{value}") };
+        if let Some(&other) = domain.nodes[parent as usize].children.get(composite.as_str()) {
+            let first = domain.nodes[other as usize].pos;
+            self.error(
+                node.pos(),
+                field,
+                format!(
+                    "duplicate descriptor `{composite}` (first at line {}): merge them, or give them different values",
+                    first.line
+                ),
+            );
+            return;
+        }
+        let stats_key = format!("{stats}.{composite}");
+        let idx = u32::try_from(domain.nodes.len()).unwrap_or(u32::MAX);
+        domain.nodes.push(DescNode { pos: node.pos(), ..DescNode::default() });
+        if let Some((true, pos)) = share {
+            if composite.contains('*') {
+                let pattern = if value.is_empty() { composite.clone() } else { value.clone() };
+                domain.nodes[idx as usize].share_pattern = Some(pattern.into());
+            } else {
+                self.error(
+                    pos,
+                    &format!("{field}.share_threshold"),
+                    format!("share_threshold needs a wildcard value (containing `*`), but `{composite}` has none"),
+                );
+            }
+        }
+        let mut rules = Vec::new();
+        match (rate_limit, rate_limits) {
+            (Some((pos, _)), Some(_)) => self.error(
+                pos,
+                &format!("{field}.rate_limit"),
+                "both rate_limit and rate_limits: move the single limit into the rate_limits list",
+            ),
+            (Some((_, v)), None) if !v.is_null() => {
+                if let Some(r) = self.rule(v, &format!("{field}.rate_limit"), &stats_key, flags) {
+                    rules.push(r);
+                }
+            }
+            (None, Some((_, list))) => match list {
+                Node::Seq { items, .. } => {
+                    for (i, item) in items.iter().enumerate() {
+                        if let Some(r) = self.rule(item, &format!("{field}.rate_limits[{i}]"), &stats_key, flags) {
+                            rules.push(r);
+                        }
+                    }
+                }
+                other if other.is_null() => {}
+                other => self.error(
+                    other.pos(),
+                    &format!("{field}.rate_limits"),
+                    format!(
+                        "expected a list of rate_limit blocks (`- requests_per_unit: ...`), found {}",
+                        other.kind()
+                    ),
+                ),
+            },
+            _ => {}
+        }
+        self.rules += rules.len();
+        if self.rules > self.opts.max_rules {
+            self.error(node.pos(), field, format!("more than {} rules in the rule set", self.opts.max_rules));
+            return;
+        }
+        domain.nodes[idx as usize].rules = rules;
+        if let Some(list) = children {
+            self.descriptors(domain, idx, list, &format!("{field}.descriptors"), &stats_key);
+        }
+        let parent = &mut domain.nodes[parent as usize];
+        if composite.contains('*') {
+            let parts: Box<[Box<str>]> = composite.split('*').map(Box::from).collect();
+            parent.wildcards.push((parts, idx));
+        }
+        parent.children.insert(composite.into(), idx);
+    }
+
+    fn rule(&mut self, node: &Node, field: &str, stats_key: &str, flags: Flags) -> Option<Rule> {
+        let entries = self.map(node, field)?;
+        let before = self.errors.len();
+        let mut rpu = 0u64;
+        let (mut unit, mut unlimited, mut name, mut replaces) = (None, false, None, Vec::new());
+        let (mut algorithm, mut window, mut burst, mut granularity, mut mode) = (None, None, None, None, None);
+        let (mut failure_mode, mut local_share) = (None, None);
+        for (k, v) in entries {
+            let Some(key) = self.key(k, v, field, RATE_LIMIT_KEYS) else { continue };
+            let f = format!("{field}.{key}");
+            let pos = v.pos();
+            match key.as_str() {
+                "requests_per_unit" => rpu = self.integer(v, &f, u64::from(u32::MAX)).unwrap_or(0),
+                "unit" => unit = self.string(v, &f).map(|s| (s, pos)),
+                "unlimited" => unlimited = self.boolean(v, &f).unwrap_or(false),
+                "name" => name = self.string(v, &f).filter(|s| !s.is_empty()),
+                "replaces" => replaces = self.replaces(v, &f),
+                "algorithm" => algorithm = self.string(v, &f).map(|s| (s, pos)),
+                "window" => window = self.string(v, &f).map(|s| (s, pos)),
+                "burst" => burst = self.integer(v, &f, crate::MAX_LIMIT).map(|b| (b, pos)),
+                "granularity" => {
+                    granularity = self.integer(v, &f, u64::from(u32::MAX)).map(|g| (g as u32, pos));
+                }
+                "mode" => mode = self.string(v, &f).map(|s| (s, pos)),
+                "failure_mode" => failure_mode = self.string(v, &f).map(|s| (s, pos)),
+                _ => local_share = self.share(v, &f).map(|s| (s, pos)),
+            }
+        }
+        if let Some(n) = &name
+            && replaces.iter().any(|r| r == n)
+        {
+            self.error(node.pos(), &format!("{field}.replaces"), format!("a rule cannot replace itself (`{n}`)"));
+        }
+        let failure_mode = match failure_mode {
+            None => FailureMode::Open,
+            Some((s, pos)) => match s.as_str() {
+                "open" => FailureMode::Open,
+                "closed" => FailureMode::Closed,
+                "local" => FailureMode::Local,
+                _ => {
+                    self.error(
+                        pos,
+                        &format!("{field}.failure_mode"),
+                        format!("unknown failure_mode `{s}`: use open, closed or local"),
+                    );
+                    FailureMode::Open
+                }
+            },
+        };
+        let source = Source { file: self.file, pos: node.pos() };
+        let valid_unit = unit.as_ref().and_then(|(u, _)| Unit::parse(u));
+        if unlimited {
+            if let Some((u, pos)) = &unit {
+                if valid_unit.is_some() {
+                    self.error(
+                        *pos,
+                        &format!("{field}.unit"),
+                        "unlimited takes no unit: remove unit, or remove unlimited",
+                    );
+                } else {
+                    self.warn(*pos, &format!("{field}.unit"), format!("unit `{u}` is ignored on an unlimited rule"));
+                }
+            }
+            let extensions = [
+                ("algorithm", algorithm.as_ref().map(|a| a.1)),
+                ("window", window.as_ref().map(|w| w.1)),
+                ("burst", burst.map(|b| b.1)),
+                ("granularity", granularity.map(|g| g.1)),
+                ("mode", mode.as_ref().map(|m| m.1)),
+            ];
+            for (k, pos) in extensions {
+                if let Some(pos) = pos {
+                    self.error(
+                        pos,
+                        &format!("{field}.{k}"),
+                        format!("unlimited takes no {k}: remove it, or remove unlimited"),
+                    );
+                }
+            }
+            return (self.errors.len() == before).then(|| Rule {
+                name,
+                limit: None,
+                unit: None,
+                replaces,
+                shadow_mode: flags.shadow_mode,
+                quota_mode: flags.quota_mode,
+                detailed_metric: flags.detailed_metric,
+                failure_mode,
+                local_limit: None,
+                stats_key: stats_key.to_owned(),
+                source,
+            });
+        }
+        let window = match (unit, window) {
+            (Some((_, pos)), Some(_)) => {
+                self.error(
+                    pos,
+                    &format!("{field}.unit"),
+                    "both unit and window: keep one (window: 90s, or unit: minute)",
+                );
+                None
+            }
+            (Some((u, pos)), None) => {
+                match valid_unit {
+                    Some(v) => Some(v.window()),
+                    None => {
+                        self.error(
+                        pos,
+                        &format!("{field}.unit"),
+                        format!("invalid unit `{u}`: use second, minute, hour, day, week, month or year (or window: 90s)"),
+                    );
+                        None
+                    }
+                }
+            }
+            (None, Some((w, pos))) => match parse_duration(&w) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.error(pos, &format!("{field}.window"), e.to_string());
+                    None
+                }
+            },
+            (None, None) => {
+                self.error(
+                    node.pos(),
+                    field,
+                    "missing unit: add unit: second|minute|hour|day|week|month|year, or window: <duration> (e.g. 90s)",
+                );
+                None
+            }
+        };
+        let kind = match algorithm {
+            None => Some(AlgorithmKind::FixedWindow),
+            Some((a, pos)) => a
+                .parse::<AlgorithmKind>()
+                .map_err(|e| self.error(pos, &format!("{field}.algorithm"), e.to_string()))
+                .ok(),
+        };
+        let mode = match mode {
+            None => None,
+            Some((m, pos)) => match m.parse::<LeakyMode>() {
+                Ok(m) => Some((m, pos)),
+                Err(e) => {
+                    self.error(pos, &format!("{field}.mode"), e.to_string());
+                    None
+                }
+            },
+        };
+        let (Some(window), Some(kind)) = (window, kind) else { return None };
+        let algorithm = Algorithm::from_parts(kind, burst.map(|b| b.0), granularity.map(|g| g.0), mode.map(|m| m.0));
+        let limit = algorithm.and_then(|a| Limit::new(a, rpu, window));
+        let limit = match limit {
+            Ok(l) => l,
+            Err(e) => {
+                let (f, pos) = match &e {
+                    LimitError::BurstNotSupported(_) | LimitError::BurstZero | LimitError::BurstTooLarge(_) => {
+                        ("burst", burst.map(|b| b.1))
+                    }
+                    LimitError::GranularityNotSupported(_)
+                    | LimitError::GranularityOutOfRange(_)
+                    | LimitError::GranularityDoesNotDivide { .. } => ("granularity", granularity.map(|g| g.1)),
+                    LimitError::ModeNotSupported(_) => ("mode", mode.map(|m| m.1)),
+                    LimitError::LimitTooLarge(_) | LimitError::LogLimitTooLarge(_) => ("requests_per_unit", None),
+                    _ => ("", None),
+                };
+                let field = if f.is_empty() { field.to_owned() } else { format!("{field}.{f}") };
+                self.error(pos.unwrap_or(node.pos()), &field, e.to_string());
+                return None;
+            }
+        };
+        let local_limit = match (failure_mode, local_share) {
+            (FailureMode::Local, share) => {
+                let ppm = share.map_or(1_000_000, |s| s.0);
+                let local = (u128::from(limit.limit()) * u128::from(ppm) / 1_000_000).max(1);
+                let burst = local_burst(&limit, ppm);
+                let algorithm = with_burst(*limit.algorithm(), burst);
+                Limit::new(algorithm, u64::try_from(local).unwrap_or(u64::MAX), limit.window()).ok()
+            }
+            (_, Some((_, pos))) => {
+                self.warn(pos, &format!("{field}.local_share"), "local_share only applies with failure_mode: local");
+                None
+            }
+            _ => None,
+        };
+        (self.errors.len() == before).then(|| Rule {
+            name,
+            unit: Unit::of_window(window),
+            limit: Some(limit),
+            replaces,
+            shadow_mode: flags.shadow_mode,
+            quota_mode: flags.quota_mode,
+            detailed_metric: flags.detailed_metric,
+            failure_mode,
+            local_limit,
+            stats_key: stats_key.to_owned(),
+            source,
+        })
+    }
+
+    fn replaces(&mut self, node: &Node, field: &str) -> Vec<String> {
+        let Node::Seq { items, .. } = node else {
+            if !node.is_null() {
+                self.error(node.pos(), field, format!("expected a list (`- name: other_rule`), found {}", node.kind()));
+            }
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let Some(entries) = self.map(item, &f) else { continue };
+            let mut name = None;
+            for (k, v) in entries {
+                if self.key(k, v, &f, REPLACES_KEYS).is_some() {
+                    name = self.string(v, &format!("{f}.name"));
+                }
+            }
+            match name {
+                Some(n) if !n.is_empty() => names.push(n),
+                _ => self.error(
+                    item.pos(),
+                    &format!("{f}.name"),
+                    "empty replaces entry: write the name of the rule to replace",
+                ),
+            }
+        }
+        names
+    }
+
+    /// `local_share` in (0, 1], as parts per million (exact, no float).
+    fn share(&mut self, node: &Node, field: &str) -> Option<u32> {
+        let text = match node {
+            Node::Scalar { value, plain: true, .. } => value.as_str(),
+            other => {
+                self.error(other.pos(), field, format!("expected a number in (0, 1], found {}", describe(other)));
+                return None;
+            }
+        };
+        let ppm = parse_ppm(text);
+        match ppm {
+            Some(p) if p > 0 && p <= 1_000_000 => Some(p),
+            _ => {
+                self.error(
+                    node.pos(),
+                    field,
+                    format!("local_share `{text}` must be a number in (0, 1] with at most 6 decimals, e.g. 0.5"),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// The burst the local fallback keeps: the configured one scaled by the
+/// same share (at least 1), or the default (the local limit).
+fn local_burst(limit: &Limit, ppm: u32) -> Option<u64> {
+    match limit.algorithm() {
+        Algorithm::TokenBucket { burst: Some(b) }
+        | Algorithm::Gcra { burst: Some(b) }
+        | Algorithm::LeakyBucket { burst: Some(b), .. } => {
+            Some(u64::try_from((u128::from(*b) * u128::from(ppm) / 1_000_000).max(1)).unwrap_or(u64::MAX))
+        }
+        _ => None,
+    }
+}
+
+fn with_burst(a: Algorithm, burst: Option<u64>) -> Algorithm {
+    match a {
+        Algorithm::TokenBucket { .. } => Algorithm::TokenBucket { burst },
+        Algorithm::Gcra { .. } => Algorithm::Gcra { burst },
+        Algorithm::LeakyBucket { mode, .. } => Algorithm::LeakyBucket { burst, mode },
+        other => other,
+    }
+}
+
+/// "0.25" → 250 000; "1" → 1 000 000.
+fn parse_ppm(text: &str) -> Option<u32> {
+    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+    if int.is_empty() && frac.is_empty() || frac.len() > 6 {
+        return None;
+    }
+    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let int: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac: u32 = format!("{frac:0<6}").parse().ok()?;
+    int.checked_mul(1_000_000)?.checked_add(frac)
+}
+
+fn where_key_belongs(name: &str) -> &'static str {
+    match name {
+        "domain" => "at the top of the file",
+        "unit" | "requests_per_unit" | "unlimited" | "name" | "replaces" => "inside rate_limit",
+        _ => "on a descriptor (next to key:)",
+    }
+}
+
+fn describe(node: &Node) -> String {
+    match node {
+        Node::Scalar { value, .. } if !node.is_null() => format!("`{value}`"),
+        other => other.kind().to_owned(),
+    }
+}
+
+/// A YAML 1.1 plain scalar that resolves to an integer or a float.
+fn is_number(s: &str) -> bool {
+    let t = s.strip_prefix(['-', '+']).unwrap_or(s);
+    (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())) || is_float(s)
+}
+
+fn is_bool(s: &str) -> bool {
+    matches!(
+        s,
+        "y" | "Y"
+            | "yes"
+            | "Yes"
+            | "YES"
+            | "on"
+            | "On"
+            | "ON"
+            | "true"
+            | "True"
+            | "TRUE"
+            | "n"
+            | "N"
+            | "no"
+            | "No"
+            | "NO"
+            | "off"
+            | "Off"
+            | "OFF"
+            | "false"
+            | "False"
+            | "FALSE"
+    )
+}
+
+/// YAML 1.1's float forms: `1.5`, `-.5`, `1e3` with a dot, `.inf`, `.nan`.
+fn is_float(s: &str) -> bool {
+    let t = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if matches!(t, ".inf" | ".Inf" | ".INF") || matches!(s, ".nan" | ".NaN" | ".NAN") {
+        return true;
+    }
+    let (mantissa, exp) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    let Some((int, frac)) = mantissa.split_once('.') else { return false };
+    let digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+    let exp_ok = exp.is_none_or(|e| {
+        let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+    });
+    !(int.is_empty() && frac.is_empty()) && digits(int) && digits(frac) && exp_ok
+}
+
+/// The known key nearest to `name` (edit distance at most 3).
+fn closest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    known.iter().map(|k| (edit_distance(name, k), *k)).filter(|(d, _)| *d <= 3).min_by_key(|(d, _)| *d).map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}

@@ -1,0 +1,398 @@
+//! Rules: envoyproxy/ratelimit's own cases (re-written from what its config
+//! tests specify), floodgate's extensions, and every kind of bad input.
+
+use std::time::Duration;
+
+use super::*;
+use crate::{Algorithm, LeakyMode};
+
+const BASIC: &str = r#"
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit:
+          unit: second
+          requests_per_unit: 5
+      - key: subkey1
+        value: subvalue1
+        rate_limit:
+          unit: second
+          requests_per_unit: 10
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: value3
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: key4
+    rate_limit: {name: key4_rate_limit, unit: day, requests_per_unit: 1}
+  - key: key5
+    value: value5
+    rate_limit: {unit: day, requests_per_unit: 15}
+    descriptors:
+      - {key: subkey5, value: subvalue5, rate_limit: {unit: day, requests_per_unit: 25}}
+  - key: key6
+    rate_limit: {unlimited: true}
+  - key: key7
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 70}
+"#;
+
+fn load(text: &str) -> RuleSet {
+    RuleSet::from_yaml("test.yaml", text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn errors(text: &str) -> Vec<String> {
+    RuleSet::from_yaml("test.yaml", text).expect_err("should not load").0.iter().map(ToString::to_string).collect()
+}
+
+fn one_error(text: &str, want: &str) {
+    let errs = errors(text);
+    assert!(errs.iter().any(|e| e.contains(want)), "want `{want}` in {errs:#?}");
+}
+
+/// (limit, window) of the single rule matched, or None.
+fn limit_of(set: &RuleSet, entries: &[(&str, &str)]) -> Option<(u64, Duration)> {
+    set.matches("test-domain", entries).map(|m| {
+        let l = m.rules[0].limit.as_ref().expect("limited");
+        (l.limit(), l.window())
+    })
+}
+
+const S: Duration = Duration::from_secs(1);
+const MIN: Duration = Duration::from_secs(60);
+
+#[test]
+fn envoy_basic_matching() {
+    let set = load(BASIC);
+    assert!(set.matches("foo_domain", &[("key1", "value1")]).is_none());
+    assert!(set.matches("test-domain", &[] as &[(&str, &str)]).is_none());
+    assert_eq!(limit_of(&set, &[("key1", "something")]), None, "no key-only rule for key1");
+    assert_eq!(limit_of(&set, &[("key1", "value1")]), None, "a node with children but no limit");
+    assert_eq!(limit_of(&set, &[("key2", "value2"), ("subkey", "subvalue")]), None, "intermediate limits do not apply");
+    assert_eq!(limit_of(&set, &[("key5", "value5"), ("subkey5", "subvalue")]), None, "no backtracking to the parent");
+    assert_eq!(limit_of(&set, &[("key1", "value1"), ("subkey1", "something")]), Some((5, S)));
+    assert_eq!(limit_of(&set, &[("key1", "value1"), ("subkey1", "subvalue1")]), Some((10, S)), "exact beats key-only");
+    assert_eq!(limit_of(&set, &[("key2", "something")]), Some((20, MIN)));
+    assert_eq!(limit_of(&set, &[("key2", "value2")]), Some((30, MIN)));
+    assert_eq!(limit_of(&set, &[("key2", "value3")]), None, "the exact whitelist node wins over key-only");
+    assert_eq!(limit_of(&set, &[("key3", "foo")]), Some((1, Duration::from_secs(3600))));
+    let m = set.matches("test-domain", &[("key4", "foo")]).unwrap();
+    assert_eq!(m.rules[0].name.as_deref(), Some("key4_rate_limit"));
+    let m = set.matches("test-domain", &[("key5", "value5")]).unwrap();
+    assert_eq!(m.rules[0].limit.as_ref().unwrap().limit(), 15, "a request that stops at an inner node gets its limit");
+    let m = set.matches("test-domain", &[("key6", "foo")]).unwrap();
+    assert!(m.rules[0].limit.is_none(), "unlimited");
+    let m = set.matches("test-domain", &[("key7", "x")]).unwrap();
+    assert!(m.rules[0].detailed_metric);
+    assert_eq!(m.rules[0].stats_key, "test-domain.key7");
+    let m = set.matches("test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]).unwrap();
+    assert_eq!(m.rules[0].stats_key, "test-domain.key1_value1.subkey1_subvalue1");
+    assert_eq!(m.rules[0].unit, Some(Unit::Second));
+    assert_eq!(*m.rules[0].limit.as_ref().unwrap().algorithm(), Algorithm::FixedWindow, "envoy's algorithm");
+}
+
+#[test]
+fn key_only_rules_count_each_value_apart() {
+    let set = load(BASIC);
+    let a = set.matches("test-domain", &[("key2", "alice")]).unwrap().counter_key(0);
+    let b = set.matches("test-domain", &[("key2", "bob")]).unwrap().counter_key(0);
+    assert_ne!(a, b);
+    assert_eq!(a, set.matches("test-domain", &[("key2", "alice")]).unwrap().counter_key(0));
+    // Length prefixes: no value can forge another descriptor's key.
+    let set = load(
+        "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    value: x|1:b1:y\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let two = set.matches("d", &[("a", "x"), ("b", "y")]).unwrap().counter_key(0);
+    assert!(set.matches("d", &[("a", "x|1:b1:y")]).is_some_and(|m| m.counter_key(0) != two));
+}
+
+const WILDCARD: &str = r#"
+domain: test-domain
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noWild
+    value: foo
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: midWild
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: file
+    value: test1
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: file
+    value: test*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+#[test]
+fn envoy_wildcards() {
+    let set = load(WILDCARD);
+    assert_eq!(limit_of(&set, &[("wild", "foo1")]), Some((20, MIN)));
+    assert_eq!(limit_of(&set, &[("wild", "foo2")]), Some((20, MIN)));
+    assert_eq!(limit_of(&set, &[("wild", "bar")]), None);
+    assert_eq!(limit_of(&set, &[("noWild", "foo1")]), None, "no prefix matching without *");
+    assert_eq!(limit_of(&set, &[("nestedWild", "val1"), ("wild", "goo2")]), Some((20, MIN)));
+    for v in ["barab", "bar123b", "barb"] {
+        assert_eq!(limit_of(&set, &[("midWild", v)]), Some((30, MIN)), "{v}");
+    }
+    for v in ["bara", "xbarb"] {
+        assert_eq!(limit_of(&set, &[("midWild", v)]), None, "{v}");
+    }
+    assert_eq!(limit_of(&set, &[("multiWild", "foo123bar456baz")]), Some((10, MIN)));
+    assert_eq!(limit_of(&set, &[("multiWild", "foo123baz")]), None);
+    // Plain wildcards count each value apart; shared ones share a counter.
+    let k = |e: &[(&str, &str)]| set.matches("test-domain", e).unwrap().counter_key(0);
+    assert_ne!(k(&[("wild", "foo1")]), k(&[("wild", "foo2")]));
+    assert_eq!(k(&[("files", "files/a.pdf")]), k(&[("files", "files/b.csv")]));
+    assert_eq!(k(&[("file", "test2")]), k(&[("file", "test23")]));
+    assert_eq!(limit_of(&set, &[("file", "test1")]), Some((50, MIN)), "exact beats the shared wildcard");
+    assert_ne!(k(&[("file", "test1")]), k(&[("file", "test2")]));
+}
+
+#[test]
+fn envoy_accepts_what_envoy_accepts() {
+    // requests_per_unit missing or 0: loads, and denies everything.
+    let set = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n");
+    assert_eq!(set.matches("d", &[("k", "v")]).unwrap().rules[0].limit.as_ref().unwrap().limit(), 0);
+    // unlimited with requests_per_unit and no unit.
+    let set = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n");
+    assert!(set.matches("d", &[("k", "v")]).unwrap().rules[0].limit.is_none());
+    // unlimited with an invalid unit: loads, with a warning.
+    let set = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: foo}\n");
+    assert_eq!(set.warnings().len(), 1);
+    // Units ignore case; week, month and year exist.
+    for (u, secs) in [("MINUTE", 60), ("Minute", 60), ("week", 604_800), ("month", 2_592_000), ("year", 31_536_000)] {
+        let set = load(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {u}, requests_per_unit: 1}}\n"
+        ));
+        let l = set.matches("d", &[("k", "v")]).unwrap().rules[0].limit.clone().unwrap();
+        assert_eq!(l.window(), Duration::from_secs(secs), "{u}");
+    }
+    // A descriptor with neither rate_limit nor descriptors, numbers as
+    // values, YAML 1.1 booleans, metadata of any shape, replaces of unknown
+    // names.
+    let set = load(
+        "domain: d\ndescriptors:\n  - key: white\n  - key: port\n    value: 8080\n    shadow_mode: yes\n    metadata: {a: [1, 2.5, {b: c}]}\n    rate_limit: {unit: second, requests_per_unit: 3, name: p, replaces: [{name: ghost}]}\n",
+    );
+    let m = set.matches("d", &[("port", "8080")]).unwrap();
+    assert!(m.rules[0].shadow_mode);
+    assert_eq!(m.rules[0].replaces, ["ghost"]);
+    // envoy's keys at the wrong level: ignored there, so loaded with a warning.
+    let set = load(
+        "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    assert!(set.warnings()[0].message.contains("belongs inside rate_limit"), "{:?}", set.warnings());
+}
+
+#[test]
+fn envoy_rejects_what_envoy_rejects() {
+    one_error("descriptors: []\n", "missing domain");
+    one_error("domain: ''\ndescriptors: []\n", "empty domain");
+    one_error("", "empty file");
+    one_error("domain: d\ndescriptors:\n  - key: ''\n", "empty key");
+    one_error("domain: d\ndescriptors:\n  - value: v\n", "missing key");
+    one_error(
+        "domain: d\ndescriptors:\n  - {key: key1, value: value1}\n  - {key: key1, value: value1}\n",
+        "test.yaml:4:5: descriptors[1]: duplicate descriptor `key1_value1` (first at line 3)",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: foo, requests_per_unit: 1}\n",
+        "descriptors[0].rate_limit.unit: invalid unit `foo`: use second, minute, hour, day, week, month or year",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n",
+        "invalid unit `minutes`",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, replaces: [{name: a}], unit: second}\n",
+        "cannot replace itself",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {replaces: [{name: }], unit: second}\n",
+        "empty replaces entry",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {replaces: [foo], unit: second}\n",
+        "expected a mapping",
+    );
+    one_error("domain: d\n'''\n", "YAML syntax error");
+    one_error("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n", "unknown field `ratelimit`");
+    one_error("domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n", "did you mean `rate_limit`?");
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requestsperunit: 5}\n",
+        "unknown field `requestsperunit`",
+    );
+    one_error("domain: d\ndescriptors:\n  - key: k\n    0.25: x\n", "key `0.25` is not a string");
+    one_error("domain: d\ndescriptors:\n  - a\n  - b\n", "descriptors[0]: expected a mapping");
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+        "unlimited takes no unit",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n    value: foo\n",
+        "share_threshold needs a wildcard",
+    );
+    one_error("domain: d\ndescriptors:\n  - key: k\n    value: 1.5\n", "`1.5` reads as a number with a fraction");
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+        "-1 is negative",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n",
+        "expected a whole number",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: '5'}\n",
+        "remove the quotes",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n",
+        "too large",
+    );
+    one_error("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 5}\n", "missing unit");
+    one_error("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n", "expected true or false");
+    one_error("domain: d\nunknown: 1\n", "unknown field `unknown`: expected one of domain, descriptors");
+}
+
+#[test]
+fn every_error_is_reported_at_once_with_its_position() {
+    let errs = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: b\n    rate_limit: {algorithm: gcra2, window: 1s}\n  - key: c\n    colour: red\n",
+    );
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("test.yaml:4:24: descriptors[0].rate_limit.unit: invalid unit `fortnight`"),
+        "{}",
+        errs[0]
+    );
+    assert!(
+        errs[1].starts_with("test.yaml:6:29: descriptors[1].rate_limit.algorithm: unknown algorithm `gcra2`"),
+        "{}",
+        errs[1]
+    );
+    assert!(errs[2].starts_with("test.yaml:8:5: descriptors[2].colour: unknown field `colour`"), "{}", errs[2]);
+}
+
+#[test]
+fn floodgate_extensions() {
+    let set = load(
+        r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {algorithm: gcra, window: 1s, requests_per_unit: 5, burst: 10, name: burst}
+      - {unit: day, requests_per_unit: 10000, failure_mode: local, local_share: 0.25}
+  - key: ip
+    rate_limit: {algorithm: sliding_buckets, window: 90s, granularity: 9, requests_per_unit: 100, failure_mode: closed}
+  - key: upload
+    rate_limit: {algorithm: leaky_bucket, mode: shape, window: 1m, requests_per_unit: 60, burst: 5}
+"#,
+    );
+    let m = set.matches("api", &[("user", "alice")]).unwrap();
+    assert_eq!(m.rules.len(), 2);
+    let burst = m.rules[0].limit.as_ref().unwrap();
+    assert_eq!(*burst.algorithm(), Algorithm::Gcra { burst: Some(10) });
+    assert_eq!(m.rules[0].unit, Some(Unit::Second));
+    let daily = &m.rules[1];
+    assert_eq!(daily.failure_mode, FailureMode::Local);
+    assert_eq!(daily.local_limit.as_ref().unwrap().limit(), 2_500);
+    assert_ne!(m.counter_key(0), m.counter_key(1));
+    let ip = set.matches("api", &[("ip", "10.0.0.1")]).unwrap();
+    assert_eq!(*ip.rules[0].limit.as_ref().unwrap().algorithm(), Algorithm::SlidingBuckets { granularity: 9 });
+    assert_eq!(ip.rules[0].unit, None, "90s is none of envoy's units");
+    assert_eq!(ip.rules[0].failure_mode, FailureMode::Closed);
+    let up = set.matches("api", &[("upload", "x")]).unwrap();
+    assert_eq!(
+        *up.rules[0].limit.as_ref().unwrap().algorithm(),
+        Algorithm::LeakyBucket { burst: Some(5), mode: LeakyMode::Shape }
+    );
+}
+
+#[test]
+fn extension_errors_say_what_to_write() {
+    let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
+    one_error(&rl("window: 1s, requests_per_unit: 1, burst: 3"), "rate_limit.burst: fixed_window has no burst");
+    one_error(&rl("algorithm: sliding_log, window: 1s, requests_per_unit: 20000"), "capped at 10000");
+    one_error(&rl("algorithm: sliding_buckets, window: 1s, requests_per_unit: 1, granularity: 7"), "e.g. 8");
+    one_error(&rl("algorithm: sliding_buckets, window: 1s, requests_per_unit: 1"), "needs granularity");
+    one_error(&rl("window: 90, requests_per_unit: 1"), "has no unit: write e.g. 90s");
+    one_error(&rl("window: 500us, requests_per_unit: 1"), "too short");
+    one_error(&rl("unit: second, window: 1s"), "both unit and window");
+    one_error(&rl("window: 1s, mode: shape"), "fixed_window has no mode");
+    one_error(&rl("algorithm: leaky_bucket, mode: queue, window: 1s"), "unknown mode `queue`");
+    one_error(&rl("window: 1s, failure_mode: maybe"), "use open, closed or local");
+    one_error(&rl("window: 1s, failure_mode: local, local_share: 1.5"), "must be a number in (0, 1]");
+    one_error(&rl("window: 1s, failure_mode: local, local_share: 0"), "must be a number in (0, 1]");
+    one_error(&rl("unlimited: true, algorithm: gcra"), "unlimited takes no algorithm");
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n    rate_limits: [{unit: day}]\n",
+        "both rate_limit and rate_limits",
+    );
+    one_error("domain: d\ndescriptors:\n  - key: k\n    window: 1s\n", "`window` belongs inside rate_limit");
+}
+
+#[test]
+fn bounds_are_errors_not_crashes() {
+    let deep = format!(
+        "domain: d\ndescriptors:\n{}",
+        (0..100)
+            .map(|i| format!("{}- key: k{i}\n{}  descriptors:\n", "  ".repeat(2 * i), "  ".repeat(2 * i)))
+            .collect::<String>()
+    );
+    one_error(&deep, "nested deeper than 64 levels");
+    let many: String = (0..20).map(|i| format!("  - {{key: k{i}, rate_limit: {{unit: second}}}}\n")).collect();
+    let opts = LoadOptions { max_rules: 10, ..LoadOptions::default() };
+    let err =
+        RuleSet::from_sources(vec![("x.yaml".into(), format!("domain: d\ndescriptors:\n{many}"))], &opts).unwrap_err();
+    assert!(err.to_string().contains("more than 10 rules"), "{err}");
+}
+
+#[test]
+fn ten_thousand_rules_match_by_lookup() {
+    let mut text = String::from("domain: big\ndescriptors:\n");
+    for i in 0..10_000 {
+        text.push_str(&format!(
+            "  - key: tenant\n    value: t{i}\n    rate_limit: {{unit: minute, requests_per_unit: {}}}\n",
+            i + 1
+        ));
+    }
+    let set = load(&text);
+    assert_eq!(set.rule_count(), 10_000);
+    for i in (0..10_000).step_by(997) {
+        let m = set.matches("big", &[("tenant", format!("t{i}"))]).unwrap();
+        assert_eq!(m.rules[0].limit.as_ref().unwrap().limit(), i + 1);
+    }
+    assert!(set.matches("big", &[("tenant", "t10000")]).is_none());
+}
+
+#[test]
+fn duplicate_domains_across_files() {
+    let a = ("a.yaml".into(), "domain: d\ndescriptors: []\n".to_owned());
+    let b = ("b.yaml".into(), "\ndomain: d\ndescriptors: []\n".to_owned());
+    let err = RuleSet::from_sources(vec![a, b], &LoadOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("b.yaml:2:9: domain `d` is already defined in a.yaml:1:9"), "{err}");
+}
