@@ -1,5 +1,7 @@
 //! Command-line definitions.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand};
 
 /// floodgate: a rate limiter you can run as a service or link as a library.
@@ -23,6 +25,15 @@ pub(crate) enum Command {
     /// With --report, runs every algorithm on the trace instead and prints
     /// how often each disagrees with sliding_log, the exact answer.
     Simulate(SimulateArgs),
+    /// Check a rules directory: every error with file:line:col and what to
+    /// write instead (exit 64), or a summary of what it holds (exit 0).
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ValidateArgs {
+    /// Directory of rules files (*.yaml, *.yml; searched recursively).
+    pub(crate) dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

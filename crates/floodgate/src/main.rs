@@ -6,6 +6,7 @@
 mod cli;
 mod exit;
 mod simulate;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         cli::Command::Simulate(args) => simulate::run(&args),
+        cli::Command::Validate(args) => validate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),

@@ -31,6 +31,7 @@ impl RuleSet {
         match result {
             Err(ConfigErrors(mut more)) => {
                 errors.append(&mut more);
+                errors.sort_by(|a, b| (&a.file, a.pos).cmp(&(&b.file, b.pos)));
                 Err(ConfigErrors(errors))
             }
             Ok(_) if !errors.is_empty() => Err(ConfigErrors(errors)),
@@ -60,25 +61,30 @@ impl RuleSet {
             rules = parser.rules;
             errors.append(&mut parser.errors);
             set.warnings.append(&mut parser.warnings);
-            if let Some(domain) = domain {
-                if let Some((other, pos)) = seen.get(&domain.name) {
+            set.files.push(path.clone());
+            if let Some((name, at)) = parser.domain.take() {
+                if let Some((other, pos)) = seen.get(&name) {
                     errors.push(error(
                         &path,
-                        domain.pos,
+                        at,
                         format!(
-                            "domain `{}` is already defined in {}:{pos}: put each domain in one file",
-                            domain.name,
+                            "domain `{name}` is already defined in {}:{pos}: put each domain in one file",
                             other.display()
                         ),
                     ));
-                } else {
-                    seen.insert(domain.name.clone(), (path.clone(), domain.pos));
-                    set.domains.insert(domain.name.clone(), domain);
+                    continue;
                 }
+                seen.insert(name, (path.clone(), at));
             }
-            set.files.push(path);
+            if let Some(domain) = domain {
+                set.domains.insert(domain.name.clone(), domain);
+            }
         }
-        if errors.is_empty() { Ok(set) } else { Err(ConfigErrors(errors)) }
+        if errors.is_empty() {
+            return Ok(set);
+        }
+        errors.sort_by(|a, b| (&a.file, a.pos).cmp(&(&b.file, b.pos)));
+        Err(ConfigErrors(errors))
     }
 
     /// Build from one file's text (tests, examples, embedding).

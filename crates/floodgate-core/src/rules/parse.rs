@@ -94,6 +94,9 @@ pub(crate) struct FileParser<'a> {
     pub(crate) warnings: Vec<ConfigError>,
     /// Rules counted so far across the set (bounded by `max_rules`).
     pub(crate) rules: usize,
+    /// The file's domain and where it is named, even when the file has
+    /// other errors (so duplicate domains are still reported).
+    pub(crate) domain: Option<(String, Pos)>,
 }
 
 /// The descriptor-level flags a rule inherits from its descriptor.
@@ -106,7 +109,7 @@ struct Flags {
 
 impl<'a> FileParser<'a> {
     pub(crate) fn new(file: u32, path: &'a Path, opts: &'a LoadOptions, rules: usize) -> Self {
-        Self { file, path, opts, errors: Vec::new(), warnings: Vec::new(), rules }
+        Self { file, path, opts, errors: Vec::new(), warnings: Vec::new(), rules, domain: None }
     }
 
     fn error(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
@@ -153,6 +156,7 @@ impl<'a> FileParser<'a> {
             }
         }
         let domain_name_pos = domain_name.as_ref().map(|(_, p)| *p);
+        self.domain = domain_name.clone().filter(|(n, _)| !n.is_empty());
         let name = match domain_name {
             Some((name, _)) if !name.is_empty() => name,
             Some((_, pos)) => {
