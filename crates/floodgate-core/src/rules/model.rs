@@ -160,6 +160,11 @@ impl Domain {
         &self.name
     }
 
+    /// Where `domain:` is written in its file.
+    pub fn pos(&self) -> Pos {
+        self.pos
+    }
+
     /// Index of the domain's file in [`RuleSet::files`].
     pub fn file(&self) -> usize {
         self.file as usize
