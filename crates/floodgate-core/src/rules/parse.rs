@@ -112,22 +112,18 @@ impl<'a> FileParser<'a> {
         Self { file, path, opts, errors: Vec::new(), warnings: Vec::new(), rules, domain: None }
     }
 
+    fn entry(&self, pos: Pos, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError { file: self.path.to_owned(), pos, field: field.to_owned(), message: message.into() }
+    }
+
     fn error(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
-        self.errors.push(ConfigError {
-            file: self.path.to_owned(),
-            pos,
-            field: field.to_owned(),
-            message: message.into(),
-        });
+        let e = self.entry(pos, field, message);
+        self.errors.push(e);
     }
 
     fn warn(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
-        self.warnings.push(ConfigError {
-            file: self.path.to_owned(),
-            pos,
-            field: field.to_owned(),
-            message: message.into(),
-        });
+        let w = self.entry(pos, field, message);
+        self.warnings.push(w);
     }
 
     /// Parse one file's text into a domain (`None` when it has errors).

@@ -1,0 +1,156 @@
+//! Hot reload with real files being rewritten, renamed and deleted.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_core::rules::LoadOptions;
+use floodgate_core::{ManualClock, MemoryStore};
+use floodgate_server::reload::{Rules, WatchOptions, watch};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("floodgate-reload-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rules_file(domain: &str, limit: u32) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// The limit the rules in use give `user=alice` in `domain`.
+fn limit_of(rules: &Rules, domain: &str) -> Option<u64> {
+    let set = rules.current();
+    set.matches(domain, &[("user", "alice")]).map(|m| m.rules[0].limit.as_ref().unwrap().limit())
+}
+
+/// Wait up to 10 s for `cond`.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fast() -> WatchOptions {
+    WatchOptions { debounce: Duration::from_millis(100), poll: Duration::from_millis(500), events: true }
+}
+
+fn start(dir: &Path) -> (Arc<Rules>, floodgate_server::reload::Watcher) {
+    let rules = Rules::load(dir, LoadOptions::default()).unwrap();
+    let watcher = watch(rules.clone(), fast()).unwrap();
+    (rules, watcher)
+}
+
+#[test]
+fn rewritten_renamed_and_deleted_files_are_picked_up() {
+    let dir = TempDir::new("edits");
+    fs::write(dir.path("api.yaml"), rules_file("api", 5)).unwrap();
+    let (rules, _w) = start(&dir.0);
+    assert_eq!(limit_of(&rules, "api"), Some(5));
+
+    // Rewritten in place.
+    fs::write(dir.path("api.yaml"), rules_file("api", 6)).unwrap();
+    eventually("a rewrite is picked up", || limit_of(&rules, "api") == Some(6));
+
+    // Written aside and renamed over (what editors and ConfigMaps do).
+    fs::write(dir.path(".api.yaml.tmp"), rules_file("api", 7)).unwrap();
+    fs::rename(dir.path(".api.yaml.tmp"), dir.path("api.yaml")).unwrap();
+    eventually("a rename is picked up", || limit_of(&rules, "api") == Some(7));
+
+    // A new file, then the old one deleted.
+    fs::write(dir.path("web.yaml"), rules_file("web", 8)).unwrap();
+    eventually("a new file is picked up", || limit_of(&rules, "web") == Some(8));
+    fs::remove_file(dir.path("api.yaml")).unwrap();
+    eventually("a deleted file's domain goes", || limit_of(&rules, "api").is_none());
+    assert_eq!(limit_of(&rules, "web"), Some(8));
+    assert_eq!(rules.failures(), 0);
+}
+
+#[test]
+fn a_bad_edit_keeps_the_last_good_rules_until_fixed() {
+    let dir = TempDir::new("bad");
+    fs::write(dir.path("api.yaml"), rules_file("api", 5)).unwrap();
+    let (rules, _w) = start(&dir.0);
+    fs::write(dir.path("api.yaml"), "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n")
+        .unwrap();
+    eventually("the failure is recorded", || rules.failures() >= 1);
+    assert_eq!(limit_of(&rules, "api"), Some(5), "the last good rules stay");
+    let err = rules.status().last_error.unwrap();
+    assert!(err.contains("api.yaml:4:23") || err.contains("invalid unit `fortnight`"), "{err}");
+    fs::write(dir.path("api.yaml"), rules_file("api", 9)).unwrap();
+    eventually("the fix is picked up", || limit_of(&rules, "api") == Some(9));
+    assert_eq!(rules.status().last_error, None);
+}
+
+#[test]
+fn a_burst_of_writes_costs_few_reloads() {
+    let dir = TempDir::new("burst");
+    fs::write(dir.path("api.yaml"), rules_file("api", 1)).unwrap();
+    let rules = Rules::load(&dir.0, LoadOptions::default()).unwrap();
+    let opts = WatchOptions { debounce: Duration::from_millis(300), poll: Duration::from_secs(60), events: true };
+    let _w = watch(rules.clone(), opts).unwrap();
+    for i in 2..=50 {
+        fs::write(dir.path("api.yaml"), rules_file("api", i)).unwrap();
+    }
+    eventually("the last write wins", || limit_of(&rules, "api") == Some(50));
+    assert!(rules.reloads() <= 5, "{} reloads for 49 writes", rules.reloads());
+}
+
+#[test]
+fn polling_alone_catches_changes() {
+    // No events at all (as when inotify is exhausted): the periodic check.
+    let dir = TempDir::new("poll");
+    fs::write(dir.path("api.yaml"), rules_file("api", 5)).unwrap();
+    let rules = Rules::load(&dir.0, LoadOptions::default()).unwrap();
+    let _w = watch(rules.clone(), WatchOptions { events: false, ..fast() }).unwrap();
+    fs::write(dir.path("api.yaml"), rules_file("api", 123)).unwrap();
+    eventually("the change is seen", || limit_of(&rules, "api") == Some(123));
+}
+
+#[test]
+fn counters_of_unchanged_rules_survive_a_reload() {
+    let dir = TempDir::new("counters");
+    let two = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    fs::write(dir.path("api.yaml"), two).unwrap();
+    let (rules, _w) = start(&dir.0);
+    let store = MemoryStore::builder().clock(ManualClock::new(0)).build();
+    let hit = |key: &str| {
+        let set = rules.current();
+        let m = set.matches("api", &[(key, "x")]).unwrap();
+        store.apply_sync(&m.counter_key(0), m.rules[0].limit.as_ref().unwrap(), 1).unwrap().allowed
+    };
+    assert!(hit("user") && hit("user") && !hit("user"));
+    assert!(hit("ip") && hit("ip") && !hit("ip"));
+    // Change only the ip rule (and add a file).
+    let changed = two.replace(
+        "key: ip\n    rate_limit: {unit: minute, requests_per_unit: 2}",
+        "key: ip\n    rate_limit: {unit: minute, requests_per_unit: 3}",
+    );
+    assert_ne!(changed, two);
+    fs::write(dir.path("api.yaml"), changed).unwrap();
+    eventually("the new ip limit is in", || {
+        rules.current().matches("api", &[("ip", "x")]).is_some_and(|m| m.rules[0].limit.as_ref().unwrap().limit() == 3)
+    });
+    assert!(!hit("user"), "the unchanged rule keeps its counter");
+    assert!(hit("ip"), "the changed rule starts fresh");
+}
