@@ -1,4 +1,6 @@
 //! floodgate's service parts. For now: rules that reload themselves when
-//! their files change ([`reload`]).
+//! their files change ([`reload`]) and runtime overrides persisted on disk
+//! ([`overrides`]).
 
+pub mod overrides;
 pub mod reload;

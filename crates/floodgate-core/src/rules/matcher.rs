@@ -76,7 +76,7 @@ impl RuleSet {
                 if child.rules.is_empty() {
                     return None;
                 }
-                return Some(Match { rules: &child.rules, key: counter_key(domain, entries, &shared) });
+                return Some(Match { rules: &child.rules, key: counter_key_shared(domain, entries, &shared) });
             }
             if child.children.is_empty() {
                 return None;
@@ -87,7 +87,18 @@ impl RuleSet {
     }
 }
 
-fn counter_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)], shared: &[Option<&str>]) -> String {
+/// The counter key of a descriptor's exact entries in `domain` (no shared
+/// wildcard): what [`Match::counter_key`] gives for rule 0 of a descriptor
+/// matched without `share_threshold`.
+pub fn counter_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> String {
+    counter_key_shared(domain, entries, &[])
+}
+
+fn counter_key_shared<K: AsRef<str>, V: AsRef<str>>(
+    domain: &str,
+    entries: &[(K, V)],
+    shared: &[Option<&str>],
+) -> String {
     use std::fmt::Write;
     let mut key = String::with_capacity(16 + domain.len() + entries.len() * 16);
     let _ = write!(key, "{}:{domain}", domain.len());

@@ -22,9 +22,9 @@ mod parse;
 pub(crate) mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use matcher::Match;
+pub use matcher::{Match, counter_key};
 pub use model::{Domain, FailureMode, Rule, RuleSet, Source, Unit};
-pub use parse::LoadOptions;
+pub use parse::{LoadOptions, parse_limits};
 pub use yaml::Pos;
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::model::{DescNode, Domain, FailureMode, Rule, Source, Unit};
 use super::yaml::{self, Bounds, Node};
-use super::{ConfigError, Pos};
+use super::{ConfigError, ConfigErrors, Pos};
 use crate::{Algorithm, AlgorithmKind, LeakyMode, Limit, LimitError, parse_duration};
 
 /// Bounds on what a rules directory may hold. Inputs beyond them are errors,
@@ -708,6 +708,43 @@ impl<'a> FileParser<'a> {
             }
         }
     }
+}
+
+/// Parse limits given on their own — one `rate_limit` block or a list of
+/// them, as YAML or JSON (JSON is YAML) — with exactly the validation of a
+/// rules file: the form runtime overrides take. `label` names the source in
+/// messages; `stats_key` is recorded on each rule.
+///
+/// ```
+/// use floodgate_core::rules::parse_limits;
+/// let rules = parse_limits("override", r#"{"unit": "second", "requests_per_unit": 5}"#, "api.user_alice").unwrap();
+/// assert_eq!(rules[0].limit.as_ref().unwrap().limit(), 5);
+/// assert!(parse_limits("override", r#"{"unit": "fortnight"}"#, "x").is_err());
+/// ```
+pub fn parse_limits(label: &str, text: &str, stats_key: &str) -> Result<Vec<Rule>, ConfigErrors> {
+    let opts = LoadOptions::default();
+    let path = Path::new(label);
+    let mut p = FileParser::new(u32::MAX, path, &opts, 0);
+    let bounds = Bounds { max_depth: 8, max_nodes: 10_000 };
+    let mut rules = Vec::new();
+    match yaml::parse(text, bounds) {
+        Err(e) => p.error(e.pos, "", e.message),
+        Ok(None) => p.error(
+            Pos::default(),
+            "",
+            "no limits: give a rate_limit block, e.g. {\"unit\": \"second\", \"requests_per_unit\": 5}",
+        ),
+        Ok(Some(Node::Seq { items, .. })) => {
+            if items.is_empty() {
+                p.error(Pos::default(), "", "an empty list of limits: give at least one");
+            }
+            for (i, item) in items.iter().enumerate() {
+                rules.extend(p.rule(item, &format!("rate_limits[{i}]"), stats_key, Flags::default()));
+            }
+        }
+        Ok(Some(node)) => rules.extend(p.rule(&node, "rate_limit", stats_key, Flags::default())),
+    }
+    if p.errors.is_empty() { Ok(rules) } else { Err(ConfigErrors(p.errors)) }
 }
 
 /// The burst the local fallback keeps: the configured one scaled by the

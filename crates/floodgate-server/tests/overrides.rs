@@ -1,0 +1,141 @@
+//! Runtime overrides: set, get, list, delete, persisted, validated, and
+//! durable across a crash mid-write.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use floodgate_server::overrides::{Entry, OverrideError, OverrideSpec, Overrides};
+use serde_json::json;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("floodgate-overrides-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spec(user: &str, limits: serde_json::Value) -> OverrideSpec {
+    OverrideSpec { domain: "api".into(), descriptor: vec![Entry { key: "user".into(), value: user.into() }], limits }
+}
+
+fn limit_of(o: &Overrides, user: &str) -> Option<u64> {
+    o.get("api", &[("user", user)]).map(|o| o.rules[0].limit.as_ref().unwrap().limit())
+}
+
+#[test]
+fn set_get_list_delete_and_survive_a_restart() {
+    let dir = TempDir::new("crud");
+    let db = dir.0.join("overrides.redb");
+    {
+        let o = Overrides::open(&db).unwrap();
+        assert!(o.is_empty());
+        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5}))).unwrap();
+        o.set(spec("bob", json!([{"algorithm": "gcra", "window": "1s", "requests_per_unit": 2, "burst": 4}, {"unit": "day", "requests_per_unit": 100}]))).unwrap();
+        assert_eq!(limit_of(&o, "alice"), Some(5));
+        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 7}))).unwrap();
+        assert_eq!(limit_of(&o, "alice"), Some(7), "set replaces");
+        assert_eq!(o.list().len(), 2);
+        assert_eq!(o.get("api", &[("user", "bob")]).unwrap().rules.len(), 2);
+        assert!(o.get("api", &[("user", "carol")]).is_none());
+        assert!(o.get("web", &[("user", "alice")]).is_none());
+    }
+    let o = Overrides::open(&db).unwrap();
+    assert_eq!(limit_of(&o, "alice"), Some(7), "persisted");
+    assert_eq!(o.list().len(), 2);
+    assert!(o.delete("api", &[("user", "alice")]).unwrap());
+    assert!(!o.delete("api", &[("user", "alice")]).unwrap());
+    drop(o);
+    let o = Overrides::open(&db).unwrap();
+    assert!(limit_of(&o, "alice").is_none(), "the delete persisted");
+    assert_eq!(o.len(), 1);
+    assert!(o.problems().is_empty());
+    // An override's counters are its own.
+    let bob = o.get("api", &[("user", "bob")]).unwrap();
+    assert_ne!(bob.counter_key(0), bob.counter_key(1));
+    assert!(bob.counter_key(0).contains("@override"));
+}
+
+#[test]
+fn invalid_overrides_are_refused_and_change_nothing() {
+    let dir = TempDir::new("invalid");
+    let o = Overrides::open(dir.0.join("o.redb")).unwrap();
+    let err = o.set(spec("alice", json!({"unit": "fortnight", "requests_per_unit": 5}))).unwrap_err();
+    assert!(matches!(&err, OverrideError::Limits(_)));
+    assert!(err.to_string().contains("invalid unit `fortnight`"), "{err}");
+    let err = o.set(spec("alice", json!({"unit": "second", "burst": 3}))).unwrap_err();
+    assert!(err.to_string().contains("fixed_window has no burst"), "{err}");
+    let err = o.set(spec("alice", json!({"unit": "second", "requests_per_units": 3}))).unwrap_err();
+    assert!(err.to_string().contains("did you mean `requests_per_unit`"), "{err}");
+    let err = o.set(spec("alice", json!([]))).unwrap_err();
+    assert!(err.to_string().contains("empty list"), "{err}");
+    let err = o.set(OverrideSpec { descriptor: vec![], ..spec("x", json!({"unit": "second"})) }).unwrap_err();
+    assert!(matches!(err, OverrideError::Invalid(_)), "{err}");
+    let long = "x".repeat(2_000);
+    assert!(o.set(spec(&long, json!({"unit": "second"}))).is_err());
+    assert!(o.is_empty());
+}
+
+/// Run as a child process by `a_crash_mid_write_loses_nothing_acknowledged`:
+/// sets overrides forever, printing each one after it is durable.
+#[test]
+fn crash_child_writer() {
+    let Ok(path) = std::env::var("FLOODGATE_CRASH_CHILD_DB") else { return };
+    let o = Overrides::open(path).unwrap();
+    for i in 1u64.. {
+        o.set(spec(&format!("u{}", i % 20), json!({"unit": "minute", "requests_per_unit": i}))).unwrap();
+        #[allow(clippy::print_stdout)] // the parent reads these lines
+        {
+            println!("ok {i}");
+        }
+    }
+}
+
+#[test]
+fn a_crash_mid_write_loses_nothing_acknowledged() {
+    let dir = TempDir::new("crash");
+    let db = dir.0.join("o.redb");
+    for round in 0..3 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads", "1"])
+            .env("FLOODGATE_CRASH_CHILD_DB", &db)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut acked: Vec<u64> = Vec::new();
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(i) = line.strip_prefix("ok ") {
+                acked.push(i.parse().unwrap());
+                if acked.len() >= 40 + round * 17 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(acked.len(), 40 + round * 17, "the writer child did not run");
+        child.kill().unwrap(); // SIGKILL: no destructor, no flush
+        child.wait().unwrap();
+        let o = Overrides::open(&db).expect("the database opens after a crash");
+        assert!(o.problems().is_empty(), "{:?}", o.problems());
+        // Every acknowledged write is there (or a later one for that user).
+        let mut last = std::collections::HashMap::new();
+        for i in acked {
+            last.insert(i % 20, i);
+        }
+        for (user, i) in last {
+            let stored = limit_of(&o, &format!("u{user}")).expect("acknowledged override present");
+            assert!(stored >= i, "user u{user}: stored {stored} < acknowledged {i}");
+        }
+    }
+}
