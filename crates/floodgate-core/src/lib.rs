@@ -1,7 +1,8 @@
 //! floodgate's core: the rate-limiting algorithms, validated [`Limit`]s, the
 //! [`Decision`] they return, the [`Clock`], and the in-memory [`MemoryStore`].
 //!
-//! Everything here is synchronous and free of I/O; the async [`Store`] trait
+//! Everything here is synchronous; the only I/O is reading a rules directory
+//! ([`rules::RuleSet::load_dir`]). The async [`Store`] trait
 //! is implemented by this crate's memory store and by the Redis store in
 //! `floodgate-redis`.
 //!

@@ -86,6 +86,40 @@ fn invalid_overrides_are_refused_and_change_nothing() {
     assert!(o.is_empty());
 }
 
+#[test]
+fn an_override_takes_precedence_over_the_files() {
+    use floodgate_core::rules::RuleSet;
+    use floodgate_server::resolve::{Resolved, resolve};
+    let dir = TempDir::new("precedence");
+    let o = Overrides::open(dir.0.join("o.redb")).unwrap();
+    let rules = RuleSet::from_yaml(
+        "api.yaml",
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .unwrap();
+    let limit = |r: &Resolved<'_>| r.rules()[0].limit.as_ref().unwrap().limit();
+    let before = resolve(&rules, &o, "api", &[("user", "alice")]).unwrap();
+    assert!(matches!(before, Resolved::File(_)));
+    assert_eq!(limit(&before), 10);
+    o.set(spec("alice", json!({"unit": "minute", "requests_per_unit": 1000}))).unwrap();
+    let after = resolve(&rules, &o, "api", &[("user", "alice")]).unwrap();
+    assert!(matches!(after, Resolved::Override(_)));
+    assert_eq!(limit(&after), 1000);
+    assert_ne!(after.counter_key(0), before.counter_key(0));
+    // Other users still get the file's rule; a descriptor no file matches can
+    // still be overridden.
+    assert_eq!(limit(&resolve(&rules, &o, "api", &[("user", "bob")]).unwrap()), 10);
+    assert!(resolve(&rules, &o, "api", &[("ip", "1.2.3.4")]).is_none());
+    o.set(OverrideSpec {
+        descriptor: vec![Entry { key: "ip".into(), value: "1.2.3.4".into() }],
+        ..spec("x", json!({"unit": "second", "requests_per_unit": 0}))
+    })
+    .unwrap();
+    assert_eq!(limit(&resolve(&rules, &o, "api", &[("ip", "1.2.3.4")]).unwrap()), 0);
+    o.delete("api", &[("user", "alice")]).unwrap();
+    assert_eq!(limit(&resolve(&rules, &o, "api", &[("user", "alice")]).unwrap()), 10);
+}
+
 /// Run as a child process by `a_crash_mid_write_loses_nothing_acknowledged`:
 /// sets overrides forever, printing each one after it is durable.
 #[test]
