@@ -87,6 +87,54 @@ impl RuleSet {
     }
 }
 
+/// The matches of every descriptor of one request, with envoy's `replaces`
+/// applied across them: a rule whose `name` another matched rule (even an
+/// unlimited one) `replaces` does not apply; mutual replacement drops both.
+#[derive(Debug, Clone)]
+pub struct RequestMatch<'a> {
+    /// One entry per request descriptor, in order.
+    pub descriptors: Vec<Option<Match<'a>>>,
+    replaced: Vec<&'a str>,
+}
+
+impl RequestMatch<'_> {
+    /// Whether `rule` is replaced by another rule of this request.
+    pub fn is_replaced(&self, rule: &Rule) -> bool {
+        rule.name.as_deref().is_some_and(|n| self.replaced.contains(&n))
+    }
+
+    /// The rules that apply to descriptor `d`, with their index (for
+    /// [`Match::counter_key`]).
+    pub fn applicable(&self, d: usize) -> impl Iterator<Item = (usize, &Rule)> {
+        self.descriptors
+            .get(d)
+            .and_then(Option::as_ref)
+            .into_iter()
+            .flat_map(|m| m.rules.iter().enumerate())
+            .filter(|(_, r)| !self.is_replaced(r))
+    }
+}
+
+impl RuleSet {
+    /// Match every descriptor of a request in `domain`, then apply
+    /// `replaces` across them.
+    pub fn match_request<'d, K, V, D>(&self, domain: &str, descriptors: D) -> RequestMatch<'_>
+    where
+        K: AsRef<str> + 'd,
+        V: AsRef<str> + 'd,
+        D: IntoIterator<Item = &'d [(K, V)]>,
+    {
+        let descriptors: Vec<Option<Match<'_>>> = descriptors.into_iter().map(|d| self.matches(domain, d)).collect();
+        let replaced = descriptors
+            .iter()
+            .flatten()
+            .flat_map(|m| m.rules.iter())
+            .flat_map(|r| r.replaces.iter().map(String::as_str))
+            .collect();
+        RequestMatch { descriptors, replaced }
+    }
+}
+
 /// The counter key of a descriptor's exact entries in `domain` (no shared
 /// wildcard): what [`Match::counter_key`] gives for rule 0 of a descriptor
 /// matched without `share_threshold`.

@@ -22,7 +22,7 @@ mod parse;
 pub(crate) mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use matcher::{Match, counter_key};
+pub use matcher::{Match, RequestMatch, counter_key};
 pub use model::{Domain, FailureMode, Rule, RuleSet, Source, Unit};
 pub use parse::{LoadOptions, parse_limits};
 pub use yaml::Pos;

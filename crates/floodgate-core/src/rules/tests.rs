@@ -396,3 +396,47 @@ fn duplicate_domains_across_files() {
     let err = RuleSet::from_sources(vec![a, b], &LoadOptions::default()).unwrap_err().to_string();
     assert!(err.contains("b.yaml:2:9: domain `d` is already defined in a.yaml:1:9"), "{err}");
 }
+
+#[test]
+fn replaces_applies_across_the_request() {
+    let set = load(
+        r#"
+domain: d
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        rate_limit: {name: general, unit: second, requests_per_unit: 100}
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        rate_limit: {name: specific, unit: second, requests_per_unit: 10, replaces: [{name: general}]}
+  - key: a
+    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: b}]}
+  - key: b
+    rate_limit: {name: b, unit: second, requests_per_unit: 1, replaces: [{name: a}]}
+  - key: vip
+    rate_limit: {unlimited: true, replaces: [{name: general}]}
+"#,
+    );
+    let d1: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let d2: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    let m = set.match_request("d", [d1, d2]);
+    assert_eq!(m.applicable(0).count(), 0, "general is replaced");
+    assert_eq!(m.applicable(1).next().unwrap().1.name.as_deref(), Some("specific"));
+    // Alone, the general limit applies.
+    assert_eq!(set.match_request("d", [d1]).applicable(0).count(), 1);
+    // Mutual replacement drops both.
+    let a: &[(&str, &str)] = &[("a", "x")];
+    let b: &[(&str, &str)] = &[("b", "x")];
+    let m = set.match_request("d", [a, b]);
+    assert_eq!(m.applicable(0).count() + m.applicable(1).count(), 0);
+    // An unlimited rule can replace too.
+    let vip: &[(&str, &str)] = &[("vip", "x")];
+    assert_eq!(set.match_request("d", [d1, vip]).applicable(0).count(), 0);
+    // Unmatched descriptors have nothing.
+    let none: &[(&str, &str)] = &[("nope", "x")];
+    assert_eq!(set.match_request("d", [none]).applicable(0).count(), 0);
+}
