@@ -316,15 +316,16 @@ pub enum LimitError {
 pub struct Limit {
     algorithm: Algorithm,
     limit: u64,
-    window_us: u64,
     /// Capacity of the GCRA family (burst, resolved); unused otherwise.
     burst: u64,
     /// `window_us / limit` and `window_us % limit` (emission interval as
     /// `q + r / limit`), precomputed so the hot path divides nothing.
     interval_q: u64,
     interval_r: u64,
-    /// Reciprocals of the divisors the hot path uses.
+    /// The window in microseconds, with its reciprocal (the hot path
+    /// divides by it).
     window_div: Divisor,
+    /// Reciprocals of the other divisors the hot path uses.
     limit_div: Divisor,
     /// `sliding_buckets`: bucket size and granularity (1 otherwise).
     bucket_div: Divisor,
@@ -408,7 +409,6 @@ impl Limit {
         Ok(Self {
             algorithm,
             limit,
-            window_us,
             burst,
             interval_q,
             interval_r,
@@ -432,12 +432,12 @@ impl Limit {
 
     /// The window.
     pub fn window(&self) -> Duration {
-        Duration::from_micros(self.window_us)
+        Duration::from_micros(self.window_us())
     }
 
     /// The window in microseconds.
     pub fn window_us(&self) -> u64 {
-        self.window_us
+        self.window_div.get()
     }
 
     /// The capacity of `token_bucket`, `gcra` and `leaky_bucket` (the

@@ -191,7 +191,7 @@ pub fn watch(rules: Arc<Rules>, opts: WatchOptions) -> Result<Watcher, WatchErro
         .name("floodgate-rules-watch".into())
         .spawn(move || {
             loop {
-                match rx.recv_timeout(opts.poll) {
+                let polled = match rx.recv_timeout(opts.poll) {
                     Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                     Ok(Msg::Changed) => {
                         // Debounce: wait for a quiet period.
@@ -202,14 +202,15 @@ pub fn watch(rules: Arc<Rules>, opts: WatchOptions) -> Result<Watcher, WatchErro
                                 Err(RecvTimeoutError::Timeout) => break,
                             }
                         }
+                        false
                     }
-                    Err(RecvTimeoutError::Timeout) => {
-                        if fingerprint(rules.dir()) == seen {
-                            continue;
-                        }
-                    }
+                    Err(RecvTimeoutError::Timeout) => true,
+                };
+                let current = fingerprint(rules.dir());
+                if polled && current == seen {
+                    continue;
                 }
-                seen = fingerprint(rules.dir());
+                seen = current;
                 let _ = rules.reload();
             }
         })

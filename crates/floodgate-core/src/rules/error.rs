@@ -39,6 +39,14 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
+impl ConfigErrors {
+    /// The errors in file order, then by position.
+    pub(crate) fn sorted(mut errors: Vec<ConfigError>) -> Self {
+        errors.sort_by(|a, b| (&a.file, a.pos).cmp(&(&b.file, b.pos)));
+        Self(errors)
+    }
+}
+
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, e) in self.0.iter().enumerate() {

@@ -31,10 +31,9 @@ impl RuleSet {
         match result {
             Err(ConfigErrors(mut more)) => {
                 errors.append(&mut more);
-                errors.sort_by(|a, b| (&a.file, a.pos).cmp(&(&b.file, b.pos)));
-                Err(ConfigErrors(errors))
+                Err(ConfigErrors::sorted(errors))
             }
-            Ok(_) if !errors.is_empty() => Err(ConfigErrors(errors)),
+            Ok(_) if !errors.is_empty() => Err(ConfigErrors::sorted(errors)),
             Ok(mut set) => {
                 if set.files.is_empty() {
                     set.warnings.push(error(
@@ -80,11 +79,7 @@ impl RuleSet {
                 set.domains.insert(domain.name.clone(), domain);
             }
         }
-        if errors.is_empty() {
-            return Ok(set);
-        }
-        errors.sort_by(|a, b| (&a.file, a.pos).cmp(&(&b.file, b.pos)));
-        Err(ConfigErrors(errors))
+        if errors.is_empty() { Ok(set) } else { Err(ConfigErrors::sorted(errors)) }
     }
 
     /// Build from one file's text (tests, examples, embedding).

@@ -99,6 +99,24 @@ pub(crate) struct FileParser<'a> {
     pub(crate) domain: Option<(String, Pos)>,
 }
 
+/// The fields of one `rate_limit` block as written (with the position of
+/// each, for messages), before they are checked together.
+#[derive(Default)]
+struct RateLimitFields {
+    rpu: u64,
+    unit: Option<(String, Pos)>,
+    unlimited: bool,
+    name: Option<String>,
+    replaces: Vec<String>,
+    algorithm: Option<(String, Pos)>,
+    window: Option<(String, Pos)>,
+    burst: Option<(u64, Pos)>,
+    granularity: Option<(u32, Pos)>,
+    mode: Option<(String, Pos)>,
+    failure_mode: Option<(String, Pos)>,
+    local_share: Option<(u32, Pos)>,
+}
+
 /// The descriptor-level flags a rule inherits from its descriptor.
 #[derive(Default, Clone, Copy)]
 struct Flags {
@@ -151,10 +169,9 @@ impl<'a> FileParser<'a> {
                 _ => {}
             }
         }
-        let domain_name_pos = domain_name.as_ref().map(|(_, p)| *p);
         self.domain = domain_name.clone().filter(|(n, _)| !n.is_empty());
-        let name = match domain_name {
-            Some((name, _)) if !name.is_empty() => name,
+        let (name, pos) = match domain_name {
+            Some((name, pos)) if !name.is_empty() => (name, pos),
             Some((_, pos)) => {
                 self.error(pos, "domain", "empty domain: write the domain name, e.g. domain: api");
                 return None;
@@ -164,7 +181,6 @@ impl<'a> FileParser<'a> {
                 return None;
             }
         };
-        let pos = domain_name_pos.unwrap_or_default();
         let mut domain = Domain { name: name.clone(), file: self.file, pos, nodes: vec![DescNode::default()] };
         if let Some(list) = descriptors {
             self.descriptors(&mut domain, 0, list, "descriptors", &name);
@@ -177,7 +193,9 @@ impl<'a> FileParser<'a> {
     fn key(&mut self, k: &Node, v: &Node, at: &str, known: &[&str]) -> Option<String> {
         let field = |name: &str| if at.is_empty() { name.to_owned() } else { format!("{at}.{name}") };
         let name = match k {
-            Node::Scalar { value, plain, .. } if !(*plain && (is_number(value) || k.is_null() || is_bool(value))) => {
+            Node::Scalar { value, plain, .. }
+                if !(*plain && (is_number(value) || k.is_null() || yaml_bool(value).is_some())) =>
+            {
                 value.clone()
             }
             _ => {
@@ -248,18 +266,11 @@ impl<'a> FileParser<'a> {
 
     fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
         match node {
-            Node::Scalar { value, plain: true, .. } if node.is_null() => {
-                let _ = value;
-                Some(false)
-            }
-            Node::Scalar { value, plain: true, .. } => match value.as_str() {
-                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Some(true),
-                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Some(false),
-                _ => {
-                    self.error(node.pos(), field, format!("expected true or false, found `{value}`"));
-                    None
-                }
-            },
+            Node::Scalar { plain: true, .. } if node.is_null() => Some(false),
+            Node::Scalar { value, plain: true, .. } => yaml_bool(value).or_else(|| {
+                self.error(node.pos(), field, format!("expected true or false, found `{value}`"));
+                None
+            }),
             other => {
                 self.error(other.pos(), field, format!("expected true or false, found {}", describe(other)));
                 None
@@ -461,37 +472,34 @@ impl<'a> FileParser<'a> {
     fn rule(&mut self, node: &Node, field: &str, stats_key: &str, flags: Flags) -> Option<Rule> {
         let entries = self.map(node, field)?;
         let before = self.errors.len();
-        let mut rpu = 0u64;
-        let (mut unit, mut unlimited, mut name, mut replaces) = (None, false, None, Vec::new());
-        let (mut algorithm, mut window, mut burst, mut granularity, mut mode) = (None, None, None, None, None);
-        let (mut failure_mode, mut local_share) = (None, None);
+        let mut f = RateLimitFields::default();
         for (k, v) in entries {
             let Some(key) = self.key(k, v, field, RATE_LIMIT_KEYS) else { continue };
-            let f = format!("{field}.{key}");
+            let at = format!("{field}.{key}");
             let pos = v.pos();
             match key.as_str() {
-                "requests_per_unit" => rpu = self.integer(v, &f, u64::from(u32::MAX)).unwrap_or(0),
-                "unit" => unit = self.string(v, &f).map(|s| (s, pos)),
-                "unlimited" => unlimited = self.boolean(v, &f).unwrap_or(false),
-                "name" => name = self.string(v, &f).filter(|s| !s.is_empty()),
-                "replaces" => replaces = self.replaces(v, &f),
-                "algorithm" => algorithm = self.string(v, &f).map(|s| (s, pos)),
-                "window" => window = self.string(v, &f).map(|s| (s, pos)),
-                "burst" => burst = self.integer(v, &f, crate::MAX_LIMIT).map(|b| (b, pos)),
+                "requests_per_unit" => f.rpu = self.integer(v, &at, u64::from(u32::MAX)).unwrap_or(0),
+                "unit" => f.unit = self.string(v, &at).map(|s| (s, pos)),
+                "unlimited" => f.unlimited = self.boolean(v, &at).unwrap_or(false),
+                "name" => f.name = self.string(v, &at).filter(|s| !s.is_empty()),
+                "replaces" => f.replaces = self.replaces(v, &at),
+                "algorithm" => f.algorithm = self.string(v, &at).map(|s| (s, pos)),
+                "window" => f.window = self.string(v, &at).map(|s| (s, pos)),
+                "burst" => f.burst = self.integer(v, &at, crate::MAX_LIMIT).map(|b| (b, pos)),
                 "granularity" => {
-                    granularity = self.integer(v, &f, u64::from(u32::MAX)).map(|g| (g as u32, pos));
+                    f.granularity = self.integer(v, &at, u64::from(u32::MAX)).map(|g| (g as u32, pos));
                 }
-                "mode" => mode = self.string(v, &f).map(|s| (s, pos)),
-                "failure_mode" => failure_mode = self.string(v, &f).map(|s| (s, pos)),
-                _ => local_share = self.share(v, &f).map(|s| (s, pos)),
+                "mode" => f.mode = self.string(v, &at).map(|s| (s, pos)),
+                "failure_mode" => f.failure_mode = self.string(v, &at).map(|s| (s, pos)),
+                _ => f.local_share = self.share(v, &at).map(|s| (s, pos)),
             }
         }
-        if let Some(n) = &name
-            && replaces.iter().any(|r| r == n)
+        if let Some(n) = &f.name
+            && f.replaces.iter().any(|r| r == n)
         {
             self.error(node.pos(), &format!("{field}.replaces"), format!("a rule cannot replace itself (`{n}`)"));
         }
-        let failure_mode = match failure_mode {
+        let failure_mode = match &f.failure_mode {
             None => FailureMode::Open,
             Some((s, pos)) => match s.as_str() {
                 "open" => FailureMode::Open,
@@ -499,7 +507,7 @@ impl<'a> FileParser<'a> {
                 "local" => FailureMode::Local,
                 _ => {
                     self.error(
-                        pos,
+                        *pos,
                         &format!("{field}.failure_mode"),
                         format!("unknown failure_mode `{s}`: use open, closed or local"),
                     );
@@ -507,65 +515,75 @@ impl<'a> FileParser<'a> {
                 }
             },
         };
-        let source = Source { file: self.file, pos: node.pos() };
-        let valid_unit = unit.as_ref().and_then(|(u, _)| Unit::parse(u));
-        if unlimited {
-            if let Some((u, pos)) = &unit {
-                if valid_unit.is_some() {
-                    self.error(
-                        *pos,
-                        &format!("{field}.unit"),
-                        "unlimited takes no unit: remove unit, or remove unlimited",
-                    );
-                } else {
-                    self.warn(*pos, &format!("{field}.unit"), format!("unit `{u}` is ignored on an unlimited rule"));
-                }
+        let (limit, local_limit) = if f.unlimited {
+            self.check_unlimited(&f, field);
+            (None, None)
+        } else {
+            let limit = self.limited(&f, node, field)?;
+            let local = self.local_limit(&limit, failure_mode, f.local_share, field);
+            (Some(limit), local)
+        };
+        (self.errors.len() == before).then(|| Rule {
+            name: f.name,
+            unit: limit.as_ref().and_then(|l| Unit::of_window(l.window())),
+            limit,
+            replaces: f.replaces,
+            shadow_mode: flags.shadow_mode,
+            quota_mode: flags.quota_mode,
+            detailed_metric: flags.detailed_metric,
+            failure_mode,
+            local_limit,
+            stats_key: stats_key.to_owned(),
+            source: Source { file: self.file, pos: node.pos() },
+        })
+    }
+
+    /// An unlimited rule takes no unit (a valid one is an error, an invalid
+    /// one is ignored with a warning, as envoy does) and none of floodgate's
+    /// limit parameters.
+    fn check_unlimited(&mut self, f: &RateLimitFields, field: &str) {
+        if let Some((u, pos)) = &f.unit {
+            if Unit::parse(u).is_some() {
+                self.error(*pos, &format!("{field}.unit"), "unlimited takes no unit: remove unit, or remove unlimited");
+            } else {
+                self.warn(*pos, &format!("{field}.unit"), format!("unit `{u}` is ignored on an unlimited rule"));
             }
-            let extensions = [
-                ("algorithm", algorithm.as_ref().map(|a| a.1)),
-                ("window", window.as_ref().map(|w| w.1)),
-                ("burst", burst.map(|b| b.1)),
-                ("granularity", granularity.map(|g| g.1)),
-                ("mode", mode.as_ref().map(|m| m.1)),
-            ];
-            for (k, pos) in extensions {
-                if let Some(pos) = pos {
-                    self.error(
-                        pos,
-                        &format!("{field}.{k}"),
-                        format!("unlimited takes no {k}: remove it, or remove unlimited"),
-                    );
-                }
-            }
-            return (self.errors.len() == before).then(|| Rule {
-                name,
-                limit: None,
-                unit: None,
-                replaces,
-                shadow_mode: flags.shadow_mode,
-                quota_mode: flags.quota_mode,
-                detailed_metric: flags.detailed_metric,
-                failure_mode,
-                local_limit: None,
-                stats_key: stats_key.to_owned(),
-                source,
-            });
         }
-        let window = match (unit, window) {
-            (Some((_, pos)), Some(_)) => {
+        let extensions = [
+            ("algorithm", f.algorithm.as_ref().map(|a| a.1)),
+            ("window", f.window.as_ref().map(|w| w.1)),
+            ("burst", f.burst.map(|b| b.1)),
+            ("granularity", f.granularity.map(|g| g.1)),
+            ("mode", f.mode.as_ref().map(|m| m.1)),
+        ];
+        for (k, pos) in extensions {
+            if let Some(pos) = pos {
                 self.error(
                     pos,
+                    &format!("{field}.{k}"),
+                    format!("unlimited takes no {k}: remove it, or remove unlimited"),
+                );
+            }
+        }
+    }
+
+    /// The limit of a rule that is not unlimited.
+    fn limited(&mut self, f: &RateLimitFields, node: &Node, field: &str) -> Option<Limit> {
+        let window = match (&f.unit, &f.window) {
+            (Some((_, pos)), Some(_)) => {
+                self.error(
+                    *pos,
                     &format!("{field}.unit"),
                     "both unit and window: keep one (window: 90s, or unit: minute)",
                 );
                 None
             }
             (Some((u, pos)), None) => {
-                match valid_unit {
+                match Unit::parse(u) {
                     Some(v) => Some(v.window()),
                     None => {
                         self.error(
-                        pos,
+                        *pos,
                         &format!("{field}.unit"),
                         format!("invalid unit `{u}`: use second, minute, hour, day, week, month or year (or window: 90s)"),
                     );
@@ -573,10 +591,10 @@ impl<'a> FileParser<'a> {
                     }
                 }
             }
-            (None, Some((w, pos))) => match parse_duration(&w) {
+            (None, Some((w, pos))) => match parse_duration(w) {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    self.error(pos, &format!("{field}.window"), e.to_string());
+                    self.error(*pos, &format!("{field}.window"), e.to_string());
                     None
                 }
             },
@@ -589,50 +607,61 @@ impl<'a> FileParser<'a> {
                 None
             }
         };
-        let kind = match algorithm {
+        let kind = match &f.algorithm {
             None => Some(AlgorithmKind::FixedWindow),
             Some((a, pos)) => a
                 .parse::<AlgorithmKind>()
-                .map_err(|e| self.error(pos, &format!("{field}.algorithm"), e.to_string()))
+                .map_err(|e| self.error(*pos, &format!("{field}.algorithm"), e.to_string()))
                 .ok(),
         };
-        let mode = match mode {
+        let mode = match &f.mode {
             None => None,
             Some((m, pos)) => match m.parse::<LeakyMode>() {
-                Ok(m) => Some((m, pos)),
+                Ok(m) => Some((m, *pos)),
                 Err(e) => {
-                    self.error(pos, &format!("{field}.mode"), e.to_string());
+                    self.error(*pos, &format!("{field}.mode"), e.to_string());
                     None
                 }
             },
         };
         let (Some(window), Some(kind)) = (window, kind) else { return None };
-        let algorithm = Algorithm::from_parts(kind, burst.map(|b| b.0), granularity.map(|g| g.0), mode.map(|m| m.0));
-        let limit = algorithm.and_then(|a| Limit::new(a, rpu, window));
-        let limit = match limit {
-            Ok(l) => l,
+        let algorithm =
+            Algorithm::from_parts(kind, f.burst.map(|b| b.0), f.granularity.map(|g| g.0), mode.map(|m| m.0));
+        match algorithm.and_then(|a| Limit::new(a, f.rpu, window)) {
+            Ok(l) => Some(l),
             Err(e) => {
-                let (f, pos) = match &e {
+                let (name, pos) = match &e {
                     LimitError::BurstNotSupported(_) | LimitError::BurstZero | LimitError::BurstTooLarge(_) => {
-                        ("burst", burst.map(|b| b.1))
+                        ("burst", f.burst.map(|b| b.1))
                     }
                     LimitError::GranularityNotSupported(_)
                     | LimitError::GranularityOutOfRange(_)
-                    | LimitError::GranularityDoesNotDivide { .. } => ("granularity", granularity.map(|g| g.1)),
+                    | LimitError::GranularityDoesNotDivide { .. } => ("granularity", f.granularity.map(|g| g.1)),
                     LimitError::ModeNotSupported(_) => ("mode", mode.map(|m| m.1)),
                     LimitError::LimitTooLarge(_) | LimitError::LogLimitTooLarge(_) => ("requests_per_unit", None),
                     _ => ("", None),
                 };
-                let field = if f.is_empty() { field.to_owned() } else { format!("{field}.{f}") };
-                self.error(pos.unwrap_or(node.pos()), &field, e.to_string());
-                return None;
+                let at = if name.is_empty() { field.to_owned() } else { format!("{field}.{name}") };
+                self.error(pos.unwrap_or(node.pos()), &at, e.to_string());
+                None
             }
-        };
-        let local_limit = match (failure_mode, local_share) {
+        }
+    }
+
+    /// For `failure_mode: local`, the limit kept locally:
+    /// `max(1, floor(limit * local_share))` (burst scaled alike).
+    fn local_limit(
+        &mut self,
+        limit: &Limit,
+        failure_mode: FailureMode,
+        local_share: Option<(u32, Pos)>,
+        field: &str,
+    ) -> Option<Limit> {
+        match (failure_mode, local_share) {
             (FailureMode::Local, share) => {
                 let ppm = share.map_or(1_000_000, |s| s.0);
                 let local = (u128::from(limit.limit()) * u128::from(ppm) / 1_000_000).max(1);
-                let burst = local_burst(&limit, ppm);
+                let burst = local_burst(limit, ppm);
                 let algorithm = with_burst(*limit.algorithm(), burst);
                 Limit::new(algorithm, u64::try_from(local).unwrap_or(u64::MAX), limit.window()).ok()
             }
@@ -641,20 +670,7 @@ impl<'a> FileParser<'a> {
                 None
             }
             _ => None,
-        };
-        (self.errors.len() == before).then(|| Rule {
-            name,
-            unit: Unit::of_window(window),
-            limit: Some(limit),
-            replaces,
-            shadow_mode: flags.shadow_mode,
-            quota_mode: flags.quota_mode,
-            detailed_metric: flags.detailed_metric,
-            failure_mode,
-            local_limit,
-            stats_key: stats_key.to_owned(),
-            source,
-        })
+        }
     }
 
     fn replaces(&mut self, node: &Node, field: &str) -> Vec<String> {
@@ -804,31 +820,13 @@ fn is_number(s: &str) -> bool {
     (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())) || is_float(s)
 }
 
-fn is_bool(s: &str) -> bool {
-    matches!(
-        s,
-        "y" | "Y"
-            | "yes"
-            | "Yes"
-            | "YES"
-            | "on"
-            | "On"
-            | "ON"
-            | "true"
-            | "True"
-            | "TRUE"
-            | "n"
-            | "N"
-            | "no"
-            | "No"
-            | "NO"
-            | "off"
-            | "Off"
-            | "OFF"
-            | "false"
-            | "False"
-            | "FALSE"
-    )
+/// A YAML 1.1 boolean (what envoy's yaml.v2 reads as one).
+fn yaml_bool(s: &str) -> Option<bool> {
+    match s {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Some(true),
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
 }
 
 /// YAML 1.1's float forms: `1.5`, `-.5`, `1e3` with a dot, `.inf`, `.nan`.

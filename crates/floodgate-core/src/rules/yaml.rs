@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use saphyr_parser::{Event, Parser, ScalarStyle, Span};
+use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span};
 
 /// A position in a file: 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -26,7 +26,10 @@ impl fmt::Display for Pos {
 
 impl Pos {
     fn of(span: &Span) -> Self {
-        let m = span.start;
+        Self::at(&span.start)
+    }
+
+    fn at(m: &Marker) -> Self {
         Self { line: u32::try_from(m.line()).unwrap_or(u32::MAX), col: u32::try_from(m.col() + 1).unwrap_or(u32::MAX) }
     }
 }
@@ -103,14 +106,7 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
     let mut documents = 0;
     let err = |pos: Pos, message: String| YamlError { pos, message };
     for event in Parser::new_from_str(text) {
-        let (event, span) = event.map_err(|e| {
-            let m = e.marker();
-            let pos = Pos {
-                line: u32::try_from(m.line()).unwrap_or(u32::MAX),
-                col: u32::try_from(m.col() + 1).unwrap_or(u32::MAX),
-            };
-            err(pos, format!("YAML syntax error: {}", e.info()))
-        })?;
+        let (event, span) = event.map_err(|e| err(Pos::at(e.marker()), format!("YAML syntax error: {}", e.info())))?;
         let pos = Pos::of(&span);
         let (node, anchor) = match event {
             Event::DocumentStart(_) => {

@@ -35,6 +35,14 @@ impl StoredKey {
         }
     }
 
+    /// The key as text (it was made from a `&str`, so it is valid UTF-8).
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Self::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Self::Heap(s) => s,
+        }
+    }
+
     #[inline]
     pub(crate) fn matches(&self, key: &str) -> bool {
         self.as_bytes() == key.as_bytes()
@@ -59,6 +67,7 @@ mod tests {
         for key in ["", "a", "ip:10.255.255.255", "0123456789012345678901", "01234567890123456789012", "é✓x"] {
             let k = StoredKey::new(key);
             assert!(k.matches(key));
+            assert_eq!(k.as_str(), key);
             assert!(!k.matches(&format!("{key}x")));
             assert_eq!(matches!(k, StoredKey::Inline { .. }), key.len() <= INLINE, "{key}");
         }

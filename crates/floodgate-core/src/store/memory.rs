@@ -206,7 +206,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         self.make_room(&mut shard, seconds(now_us))?;
         let slot = Slot { key: StoredKey::new(key), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
-        shard.table.insert_unique(hash, slot, |s| hash_key(&self.hasher, &s.key));
+        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_str()));
         Ok(d)
     }
 
@@ -317,7 +317,7 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
     shard.table.retain(|s| s.expires_s > now_s);
     let len = shard.table.len();
     if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-        shard.table.shrink_to(2 * len, |s| hash_key(hasher, &s.key));
+        shard.table.shrink_to(2 * len, |s| hasher.hash_one(s.key.as_str()));
     }
     shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
     shard.sweep_at_s = now_s.saturating_add(SWEEP_INTERVAL_S);
@@ -346,14 +346,6 @@ fn evict_nearest_expiry(table: &mut HashTable<Slot>, free: usize, max: usize) ->
         }
     });
     excess
-}
-
-/// The hash of a stored key: the same as of the `&str` it was made from.
-fn hash_key(hasher: &foldhash::fast::RandomState, key: &StoredKey) -> u64 {
-    match key {
-        StoredKey::Heap(s) => hasher.hash_one(&**s),
-        inline => hasher.hash_one(std::str::from_utf8(inline.as_bytes()).unwrap_or_default()),
-    }
 }
 
 #[inline]
