@@ -7,7 +7,7 @@ use std::time::Duration;
 /// A denial is a value, not an error: `allowed == false` with, when some wait
 /// can help, the exact wait in `retry_after`. All waits are rounded **up** to
 /// whole microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Decision {
     /// Whether the request may go ahead (for `hits = 0` always true: a peek).
     pub allowed: bool,

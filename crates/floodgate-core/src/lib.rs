@@ -26,6 +26,7 @@ mod clock;
 mod decision;
 mod duration;
 mod limit;
+pub mod limiter;
 mod math;
 pub mod rules;
 mod state;
@@ -40,4 +41,4 @@ pub use limit::{
 };
 pub use state::State;
 pub use store::memory::{MemoryStore, MemoryStoreBuilder, OnFull};
-pub use store::{Store, StoreError};
+pub use store::{Check, Store, StoreError};

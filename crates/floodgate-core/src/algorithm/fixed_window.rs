@@ -26,3 +26,11 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
         _ => Decision::deny(l, l.saturating_sub(*count), reset(*count), (hits <= l).then_some(until_end)),
     }
 }
+
+/// Give back `hits` admitted at `at`, if its window is still the current one.
+pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, hits: u64) {
+    let (id, count) = state.window();
+    if limit.window_div().div(at) == *id {
+        *count -= hits.min(*count);
+    }
+}

@@ -38,15 +38,7 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
         *us = now;
         *rem = 0;
     }
-    // TAT += hits * T, with T = q + r / L.
-    let (q, r) = limit.interval();
-    let (add_us, add_rem) = if hits == 1 {
-        (u128::from(q), r)
-    } else {
-        let hr = u128::from(hits) * u128::from(r);
-        let carry = limit.limit_div().div_wide(hr);
-        (u128::from(hits) * u128::from(q) + carry, sat64(hr - carry * l128))
-    };
+    let (add_us, add_rem) = cost_of(limit, hits);
     let mut new_rem = *rem + add_rem;
     let mut new_us = u128::from(*us) + add_us;
     if new_rem >= l {
@@ -59,4 +51,33 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
     let mut d = Decision::allow(l, remaining(backlog + cost), reset(*us, *rem));
     d.delay = std::time::Duration::from_micros(delay);
     d
+}
+
+/// `hits * T` as `(us, rem / L)`, with `T = q + r / L`.
+#[inline]
+fn cost_of(limit: &Limit, hits: u64) -> (u128, u64) {
+    let (q, r) = limit.interval();
+    if hits == 1 {
+        return (u128::from(q), r);
+    }
+    let hr = u128::from(hits) * u128::from(r);
+    let carry = limit.limit_div().div_wide(hr);
+    (u128::from(hits) * u128::from(q) + carry, sat64(hr - carry * u128::from(limit.limit())))
+}
+
+/// Give back `hits` admitted at `at`, now: `TAT -= hits * T`, less what
+/// has elapsed since `at`. Until `at + hits * T` the TAT cannot have been
+/// clamped up to the present in between (it stays at or above that time), so
+/// the whole cost comes back exactly; after that, only the part not yet
+/// elapsed, so a late refund never leaves more room than the request took.
+pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, now: u64, hits: u64) {
+    let (us, rem) = state.tat();
+    let l = u128::from(limit.limit());
+    // In units of 1/L microseconds.
+    let cost = u128::from(hits) * u128::from(limit.window_us());
+    let back = cost.saturating_sub(u128::from(now.saturating_sub(at)) * l);
+    let tat = (u128::from(*us) * l + u128::from(*rem)).saturating_sub(back);
+    let q = limit.limit_div().div_wide(tat);
+    *us = sat64(q);
+    *rem = sat64(tat - q * l);
 }

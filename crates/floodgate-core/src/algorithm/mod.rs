@@ -53,4 +53,36 @@ impl Limit {
             Algorithm::LeakyBucket { mode, .. } => gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape),
         }
     }
+
+    /// Give back, at `now_us`, `hits` that [`Limit::apply`] admitted at
+    /// `at_us` for this state, as if that request had never come (a request denied by another
+    /// of its limits keeps nothing: all or nothing). Whatever has since left
+    /// the window is not given back twice; a refund never leaves more room
+    /// than the request took.
+    ///
+    /// ```
+    /// use floodgate_core::{Algorithm, Limit, State};
+    /// use std::time::Duration;
+    /// let limit = Limit::new(Algorithm::FixedWindow, 1, Duration::from_secs(1)).unwrap();
+    /// let mut state = State::default();
+    /// assert!(limit.apply(&mut state, 0, 1).allowed);
+    /// limit.refund(&mut state, 0, 0, 1);
+    /// assert!(limit.apply(&mut state, 10, 1).allowed);
+    /// ```
+    pub fn refund(&self, state: &mut State, at_us: u64, now_us: u64, hits: u64) {
+        if self.limit() == 0 || hits == 0 {
+            return;
+        }
+        match self.algorithm() {
+            Algorithm::FixedWindow => fixed_window::refund(self, state, at_us, hits),
+            Algorithm::SlidingLog => sliding_log::refund(self, state, at_us, now_us, hits),
+            Algorithm::SlidingWindow => sliding_window::refund(self, state, at_us, hits),
+            Algorithm::SlidingBuckets { granularity } => {
+                sliding_buckets::refund(self, *granularity, state, at_us, hits)
+            }
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::LeakyBucket { .. } => {
+                gcra::refund(self, state, at_us, now_us, hits)
+            }
+        }
+    }
 }

@@ -309,6 +309,72 @@ proptest! {
     }
 }
 
+fn window_for(kind: Kind, w: u64) -> u64 {
+    match kind {
+        Kind::Buckets(g) => w * u64::from(g),
+        _ => w,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// A request refunded right after it was admitted leaves no trace: every
+    /// later decision is the one it would have been without it.
+    #[test]
+    fn a_refund_right_away_undoes_the_request(
+        kind in kind_strategy(),
+        l in 1u64..=6,
+        w in 1u64..=12,
+        start in 0u64..40,
+        ops in prop::collection::vec((0u64..=14, 0u64..=5, prop::option::of(1u64..=5)), 1..40),
+    ) {
+        let limit = Limit::checked(kind.algorithm(), l, window_for(kind, w)).unwrap();
+        let (mut a, mut b) = (State::default(), State::default());
+        let mut now = start;
+        for (dt, hits, extra) in ops {
+            now += dt;
+            if let Some(e) = extra && limit.apply(&mut b, now, e).allowed {
+                limit.refund(&mut b, now, now, e);
+            }
+            prop_assert_eq!(limit.apply(&mut a, now, hits), limit.apply(&mut b, now, hits), "at {}", now);
+        }
+    }
+
+    /// A refund that comes late (other requests in between, time passing)
+    /// never leaves more room than the request took: until the two histories
+    /// part, the one with the refunded request admits nothing the one without
+    /// it would not.
+    #[test]
+    fn a_late_refund_never_gives_more_than_it_took(
+        kind in kind_strategy(),
+        l in 1u64..=6,
+        w in 1u64..=12,
+        start in 0u64..40,
+        extra in 1u64..=5,
+        refund_after in 0usize..6,
+        ops in prop::collection::vec((0u64..=14, 0u64..=5), 1..30),
+    ) {
+        let limit = Limit::checked(kind.algorithm(), l, window_for(kind, w)).unwrap();
+        let (mut a, mut b) = (State::default(), State::default());
+        let mut now = start;
+        let taken = limit.apply(&mut b, now, extra).allowed;
+        for (i, (dt, hits)) in ops.into_iter().enumerate() {
+            now += dt;
+            if taken && i == refund_after {
+                limit.refund(&mut b, start, now, extra);
+            }
+            let (pa, pb) = (limit.apply(&mut a, now, 0), limit.apply(&mut b, now, 0));
+            prop_assert!(pb.remaining <= pa.remaining, "more room after the refund at {}: {:?} vs {:?}", now, pb, pa);
+            let (da, db) = (limit.apply(&mut a, now, hits), limit.apply(&mut b, now, hits));
+            if da.allowed != db.allowed {
+                prop_assert!(da.allowed, "admitted only with the refund at {}", now);
+                break;
+            }
+        }
+    }
+}
+
 #[test]
 fn clock_stepping_back_never_rewinds_state() {
     for kind in [Kind::Fixed, Kind::Log, Kind::Sliding, Kind::Buckets(4), Kind::Gcra(3), Kind::Shaper(3)] {

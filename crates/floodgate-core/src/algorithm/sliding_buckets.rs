@@ -63,3 +63,18 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
         }
     }
 }
+
+/// Give back `hits` admitted at `at`, if its bucket is still in the ring.
+pub(super) fn refund(limit: &Limit, granularity: u32, state: &mut State, at: u64, hits: u64) {
+    let bid = limit.bucket_div().div(at);
+    let slot = limit.granularity_div().div_rem(bid).1 as usize;
+    let ring = state.buckets(granularity as usize, bid);
+    let Some(([last, sum], counts)) = ring.split_first_chunk_mut::<2>() else {
+        unreachable!("the ring has two header words")
+    };
+    if bid <= *last && *last - bid < u64::from(granularity) {
+        let take = hits.min(counts[slot]);
+        counts[slot] -= take;
+        *sum -= take;
+    }
+}

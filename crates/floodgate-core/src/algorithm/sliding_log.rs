@@ -54,3 +54,23 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
         }
     }
 }
+
+/// Give back `hits` admitted at `at`, now: from the entry that recorded
+/// them, the oldest at or after `at` (a request is logged at `at`, or at the
+/// newest entry's time if the clock had stepped back) — unless it may have
+/// left the window already.
+pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, now: u64, hits: u64) {
+    if at.saturating_add(limit.window_us()) <= now {
+        return;
+    }
+    let log = state.log();
+    let i = log.entries.partition_point(|&(t, _)| t < at);
+    if let Some((_, h)) = log.entries.get_mut(i) {
+        let take = hits.min(*h);
+        *h -= take;
+        log.sum -= take;
+        if *h == 0 {
+            log.entries.remove(i);
+        }
+    }
+}

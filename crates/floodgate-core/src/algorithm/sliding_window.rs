@@ -58,3 +58,15 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     });
     Decision::deny(l, remaining(used), reset(*prev, *cur), retry)
 }
+
+/// Give back `hits` admitted at `at`: from the current window's count, or
+/// from the previous one's if the window has moved on by one since.
+pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, hits: u64) {
+    let (id, prev, cur) = state.sliding();
+    let wid = limit.window_div().div(at);
+    if wid == *id {
+        *cur -= hits.min(*cur);
+    } else if wid + 1 == *id {
+        *prev -= hits.min(*prev);
+    }
+}

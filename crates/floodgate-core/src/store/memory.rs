@@ -34,6 +34,7 @@ use hashbrown::HashTable;
 
 use super::key::StoredKey;
 
+use super::Check;
 use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
 
 /// Default bound on the number of keys: 2^21 (about 2.1 million).
@@ -210,6 +211,37 @@ impl<C: Clock> MemoryStore<C> {
         Ok(d)
     }
 
+    /// Give back, at `now_us`, `hits` admitted for `key` at `at_us` (see
+    /// [`Limit::refund`]). A key that is gone, or was since written by another
+    /// limit, has nothing to give back.
+    pub fn refund_at(&self, key: &str, limit: &Limit, hits: u64, at_us: u64, now_us: u64) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.lock(hash);
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(key))
+            && slot.fp == limit.fingerprint()
+        {
+            limit.refund(&mut slot.state, at_us, now_us, hits);
+        }
+    }
+
+    /// [`Store::apply_all`] at an explicit time.
+    pub fn apply_all_at(&self, checks: &[Check<'_>], now_us: u64, out: &mut Vec<Result<Decision, StoreError>>) {
+        out.clear();
+        let mut denied = false;
+        for c in checks {
+            let r = self.apply_at(c.key, c.limit, c.hits, now_us);
+            denied |= c.enforce && r.as_ref().is_ok_and(|d| !d.allowed);
+            out.push(r);
+        }
+        if denied {
+            for (c, r) in checks.iter().zip(out.iter()) {
+                if c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
+                    self.refund_at(c.key, c.limit, c.hits, now_us, now_us);
+                }
+            }
+        }
+    }
+
     /// Drop every expired key now (e.g. from a periodic task); returns how
     /// many were dropped.
     pub fn sweep(&self) -> usize {
@@ -299,6 +331,16 @@ impl<C: Clock> Store for MemoryStore<C> {
     #[inline]
     fn apply(&self, key: &str, limit: &Limit, hits: u64) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         std::future::ready(self.apply_sync(key, limit, hits))
+    }
+
+    #[inline]
+    fn apply_all(
+        &self,
+        checks: &[Check<'_>],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> impl Future<Output = ()> + Send {
+        self.apply_all_at(checks, self.clock.now_us(), out);
+        std::future::ready(())
     }
 }
 

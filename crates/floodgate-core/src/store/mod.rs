@@ -15,6 +15,33 @@ use crate::{Decision, Limit};
 pub trait Store: Send + Sync {
     /// Decide `hits` units of `limit` for `key` at the store's current time.
     fn apply(&self, key: &str, limit: &Limit, hits: u64) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decide every limit of one request, **all or nothing**: when an
+    /// enforced check is denied, the checks that allowed keep nothing of this
+    /// request (their hits are given back, [`Limit::refund`]). Writes one
+    /// result per check, in order, into `out` (cleared first). Each decision
+    /// is the one its limit made; a refunded limit's `remaining` does not
+    /// count the refund.
+    fn apply_all(
+        &self,
+        checks: &[Check<'_>],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// One limit to decide for one request: the key's counter, the limit, the
+/// hits, and whether a denial denies the request (`false` for a shadow-mode
+/// limit, which is counted and reported but never denies).
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The counter key.
+    pub key: &'a str,
+    /// The limit.
+    pub limit: &'a Limit,
+    /// Units to take (0 = peek).
+    pub hits: u64,
+    /// Whether a denial of this limit denies the request.
+    pub enforce: bool,
 }
 
 /// A store could not decide. A denial is not an error: it is a [`Decision`].

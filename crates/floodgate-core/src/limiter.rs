@@ -1,0 +1,300 @@
+//! The limiter: decides every limit one request matched, against one store,
+//! all or nothing, and applies each rule's failure policy when the store
+//! cannot answer. Every adapter (RLS, HTTP, proxy, tower) goes through it, so
+//! policy lives here once.
+
+use std::time::Duration;
+
+use crate::rules::{FailureMode, Rule};
+use crate::store::Check;
+use crate::{Decision, MemoryStore, Store, StoreError};
+
+/// One matched rule to decide for a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RuleCheck<'a> {
+    /// The counter key.
+    pub key: &'a str,
+    /// The rule (its limit, shadow mode and failure policy).
+    pub rule: &'a Rule,
+    /// Units to take (0 = peek).
+    pub hits: u64,
+}
+
+/// What one rule decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The decision; `None` for an `unlimited` rule.
+    pub decision: Option<Decision>,
+    /// The rule is in shadow mode: a denial is reported, never enforced.
+    pub shadow: bool,
+    /// The store failed and the rule's failure policy made the decision.
+    pub failure: Option<(StoreError, FailureMode)>,
+}
+
+impl Verdict {
+    /// Whether this rule denies the request (not in shadow mode, denied).
+    pub fn denies(&self) -> bool {
+        !self.shadow && self.over_limit()
+    }
+
+    /// Whether the limit said no (shadow or not).
+    pub fn over_limit(&self) -> bool {
+        self.decision.is_some_and(|d| !d.allowed)
+    }
+}
+
+/// The request's answer: allowed iff no enforced rule denied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the request may go ahead.
+    pub allowed: bool,
+    /// One verdict per check, in order.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl Outcome {
+    /// The verdict the rate-limit headers describe: the limit with the least
+    /// `remaining` (ties: the longest reset), among those that deny if any
+    /// do. `None` when no limited rule applied.
+    pub fn headline(&self) -> Option<&Decision> {
+        let denying = self.verdicts.iter().any(Verdict::denies);
+        self.verdicts
+            .iter()
+            .filter(|v| !denying || v.denies())
+            .filter_map(|v| v.decision.as_ref())
+            .min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after.cmp(&a.reset_after)))
+    }
+
+    /// `Retry-After` for a denied request: the largest wait among the denying
+    /// limits, `None` when allowed or when one of them has no wait that
+    /// helps (the request is larger than that limit's capacity).
+    pub fn retry_after(&self) -> Option<Duration> {
+        if self.allowed {
+            return None;
+        }
+        let mut max = Duration::ZERO;
+        for v in self.verdicts.iter().filter(|v| v.denies()) {
+            max = max.max(v.decision?.retry_after?);
+        }
+        Some(max)
+    }
+}
+
+/// Decides requests against a store, with an in-memory store for rules whose
+/// failure policy is `local`.
+#[derive(Debug)]
+pub struct Limiter<S> {
+    store: S,
+    local: MemoryStore,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter over `store`; `local` serves `failure_mode: local` rules
+    /// while `store` fails.
+    pub fn new(store: S, local: MemoryStore) -> Self {
+        Self { store, local }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Decide one request: every check against the store, all or nothing (a
+    /// denied request keeps nothing in any counter). When the store fails
+    /// for a rule, its failure policy decides: `open` allows, `closed`
+    /// denies (with no retry time), `local` asks the in-memory store for the
+    /// rule's local share of the limit (and allows if that fails too).
+    ///
+    /// ```
+    /// use floodgate_core::limiter::{Limiter, RuleCheck};
+    /// use floodgate_core::rules::RuleSet;
+    /// use floodgate_core::MemoryStore;
+    /// let rules = RuleSet::from_yaml("a.yaml", "domain: a\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n").unwrap();
+    /// let m = rules.matches("a", &[("user", "alice")]).unwrap();
+    /// let key = m.counter_key(0);
+    /// let limiter = Limiter::new(MemoryStore::new(), MemoryStore::new());
+    /// let check = [RuleCheck { key: &key, rule: &m.rules[0], hits: 1 }];
+    /// let first = block_on(limiter.check(&check));
+    /// assert!(first.allowed);
+    /// assert!(!block_on(limiter.check(&check)).allowed);
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let waker = std::task::Waker::noop();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// ```
+    pub async fn check(&self, checks: &[RuleCheck<'_>]) -> Outcome {
+        let store_checks: Vec<Check<'_>> = checks
+            .iter()
+            .filter_map(|c| {
+                let limit = c.rule.limit.as_ref()?;
+                Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode })
+            })
+            .collect();
+        let mut results = Vec::with_capacity(store_checks.len());
+        if !store_checks.is_empty() {
+            self.store.apply_all(&store_checks, &mut results).await;
+        }
+        let mut results = results.into_iter();
+        let verdicts: Vec<Verdict> = checks
+            .iter()
+            .map(|c| {
+                let shadow = c.rule.shadow_mode;
+                let Some(limit) = c.rule.limit.as_ref() else {
+                    return Verdict { decision: None, shadow, failure: None };
+                };
+                match results.next() {
+                    Some(Ok(d)) => Verdict { decision: Some(d), shadow, failure: None },
+                    Some(Err(e)) => {
+                        let mode = c.rule.failure_mode;
+                        let d = self.fail(c, limit.limit(), mode);
+                        Verdict { decision: Some(d), shadow, failure: Some((e, mode)) }
+                    }
+                    None => unreachable!("the store answers every check"),
+                }
+            })
+            .collect();
+        let allowed = !verdicts.iter().any(Verdict::denies);
+        Outcome { allowed, verdicts }
+    }
+
+    fn fail(&self, c: &RuleCheck<'_>, limit: u64, mode: FailureMode) -> Decision {
+        let open = Decision { allowed: true, limit, remaining: limit, ..Decision::default() };
+        match mode {
+            FailureMode::Open => open,
+            FailureMode::Closed => Decision { allowed: false, limit, remaining: 0, ..Decision::default() },
+            FailureMode::Local => {
+                let local = c.rule.local_limit.as_ref().or(c.rule.limit.as_ref());
+                local.and_then(|l| self.local.apply_sync(c.key, l, c.hits).ok()).unwrap_or(open)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleSet;
+    use crate::{ManualClock, OnFull};
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
+    const RULES: &str = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: u
+    rate_limit: {unlimited: true}
+  - key: closed
+    rate_limit: {unit: minute, requests_per_unit: 5, failure_mode: closed}
+  - key: local
+    rate_limit: {unit: minute, requests_per_unit: 4, failure_mode: local, local_share: 0.5}
+";
+
+    struct Req<'a> {
+        keys: Vec<String>,
+        rules: Vec<&'a Rule>,
+    }
+
+    fn req<'a>(rules: &'a RuleSet, descs: &[(&str, &str)]) -> Req<'a> {
+        let mut r = Req { keys: vec![], rules: vec![] };
+        for &(k, v) in descs {
+            let m = rules.matches("d", &[(k, v)]).unwrap();
+            r.keys.push(m.counter_key(0));
+            r.rules.push(&m.rules[0]);
+        }
+        r
+    }
+
+    fn check<S: Store>(l: &Limiter<S>, r: &Req<'_>, hits: u64) -> Outcome {
+        let checks: Vec<RuleCheck<'_>> =
+            r.keys.iter().zip(&r.rules).map(|(key, rule)| RuleCheck { key, rule, hits }).collect();
+        block_on(l.check(&checks))
+    }
+
+    fn limiter(store: MemoryStore<ManualClock>) -> Limiter<MemoryStore<ManualClock>> {
+        Limiter::new(store, MemoryStore::new())
+    }
+
+    #[test]
+    fn a_denied_request_keeps_nothing_in_any_counter() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        let l = limiter(MemoryStore::builder().clock(ManualClock::new(0)).build());
+        let both = req(&rules, &[("a", "x"), ("b", "x")]);
+        assert!(check(&l, &both, 1).allowed);
+        // b is spent: the next two requests are denied and take nothing from a.
+        for _ in 0..2 {
+            let o = check(&l, &both, 1);
+            assert!(!o.allowed);
+            assert!(o.verdicts[0].decision.unwrap().allowed && o.verdicts[1].denies());
+            assert_eq!(o.headline().unwrap().limit, 1, "headers describe the denying limit");
+        }
+        // a still has 2 of 3.
+        let a = req(&rules, &[("a", "x")]);
+        assert_eq!(check(&l, &a, 0).verdicts[0].decision.unwrap().remaining, 2);
+    }
+
+    #[test]
+    fn shadow_mode_reports_but_never_denies() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        let l = limiter(MemoryStore::builder().clock(ManualClock::new(0)).build());
+        let r = req(&rules, &[("s", "x"), ("a", "x")]);
+        assert!(check(&l, &r, 1).allowed);
+        let o = check(&l, &r, 1);
+        assert!(o.allowed && o.verdicts[0].over_limit() && !o.verdicts[0].denies());
+        assert_eq!(o.retry_after(), None);
+        // Allowed requests are counted in full, shadow limit included.
+        assert_eq!(check(&l, &req(&rules, &[("a", "x")]), 0).verdicts[0].decision.unwrap().remaining, 1);
+    }
+
+    #[test]
+    fn unlimited_rules_have_no_decision() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        let l = limiter(MemoryStore::builder().clock(ManualClock::new(0)).build());
+        let o = check(&l, &req(&rules, &[("u", "x")]), 1_000_000);
+        assert!(o.allowed && o.verdicts[0].decision.is_none() && o.headline().is_none());
+    }
+
+    #[test]
+    fn retry_after_is_the_longest_wait_or_none() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        let l = limiter(MemoryStore::builder().clock(ManualClock::new(30_000_000)).build());
+        let both = req(&rules, &[("a", "x"), ("b", "x")]);
+        assert!(check(&l, &both, 1).allowed);
+        assert_eq!(check(&l, &both, 1).retry_after(), Some(Duration::from_secs(30)));
+        // 2 hits: b can never take them; no wait helps.
+        assert_eq!(check(&l, &both, 2).retry_after(), None);
+    }
+
+    #[test]
+    fn failure_policies_decide_when_the_store_fails() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        // A store that holds one key and refuses others fails every new key.
+        let store = MemoryStore::builder().clock(ManualClock::new(0)).max_keys(1).on_full(OnFull::Refuse).build();
+        let l = limiter(store);
+        assert!(check(&l, &req(&rules, &[("a", "first")]), 1).allowed);
+        let open = check(&l, &req(&rules, &[("a", "new")]), 1);
+        assert!(open.allowed && matches!(open.verdicts[0].failure, Some((StoreError::Full { .. }, FailureMode::Open))));
+        let closed = check(&l, &req(&rules, &[("closed", "new")]), 1);
+        assert!(!closed.allowed && closed.retry_after().is_none());
+        // local: half of 4 per instance.
+        let local = req(&rules, &[("local", "new")]);
+        let admitted = (0..5).filter(|_| check(&l, &local, 1).allowed).count();
+        assert_eq!(admitted, 2);
+    }
+}
