@@ -28,6 +28,126 @@ pub(crate) enum Command {
     /// Check a rules directory: every error with file:line:col and what to
     /// write instead (exit 64), or a summary of what it holds (exit 0).
     Validate(ValidateArgs),
+    /// Run the rate-limit service: Envoy RLS v3 gRPC, the HTTP API, the
+    /// admin API and metrics. With no arguments it serves the bundled
+    /// example rules (examples/config) from the in-memory store.
+    Serve(ServeArgs),
+    /// Ask a running server for one decision over gRPC and print it; exit 0
+    /// when allowed, 1 when denied, 2 when the server cannot be reached.
+    Check(CheckArgs),
+    /// Load a running server (gRPC or the JSON endpoint) and print
+    /// throughput, latency percentiles and the allowed/denied split.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Rules directory (default: the bundled examples/config).
+    #[arg(long, env = "FLOODGATE_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// Envoy RLS v3 gRPC address (port 0 picks a free port; the bound one is logged).
+    #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub(crate) grpc_addr: String,
+    /// HTTP API address (/json, /v1/check, /healthz, /readyz, /metrics).
+    #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub(crate) http_addr: String,
+    /// Admin API address; a non-loopback address needs --admin-token.
+    #[arg(long, env = "FLOODGATE_ADMIN_ADDR", default_value = "127.0.0.1:9090")]
+    pub(crate) admin_addr: String,
+    /// Bearer token every admin call must carry.
+    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
+    /// Where counters live: `memory` (this process).
+    #[arg(long, env = "FLOODGATE_STORE", default_value = "memory")]
+    pub(crate) store: String,
+    /// Bound on the in-memory store's keys (the oldest-expiring are evicted beyond it).
+    #[arg(long, env = "FLOODGATE_MAX_KEYS", default_value_t = floodgate_core::store::memory::DEFAULT_MAX_KEYS)]
+    pub(crate) max_keys: usize,
+    /// File where runtime overrides persist, or `none` to disable them.
+    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE", default_value = "floodgate-overrides.redb")]
+    pub(crate) overrides_file: String,
+    /// Rate-limit headers to send: none, x-ratelimit, ietf or both.
+    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", default_value = "both")]
+    pub(crate) response_headers: String,
+    /// Log format: text or json (level from FLOODGATE_LOG, e.g. debug).
+    #[arg(long, env = "FLOODGATE_LOG_FORMAT", default_value = "text")]
+    pub(crate) log_format: String,
+    /// Do not watch the rules directory (reload through the admin API only).
+    #[arg(long, env = "FLOODGATE_NO_WATCH")]
+    pub(crate) no_watch: bool,
+    /// How long shutdown waits for requests in flight: 10s, 500ms...
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", default_value = "10s")]
+    pub(crate) shutdown_grace: String,
+    /// Largest HTTP request body, in bytes.
+    #[arg(long, env = "FLOODGATE_BODY_LIMIT", default_value_t = 65536)]
+    pub(crate) body_limit: usize,
+    /// Worker threads (default: one per core).
+    #[arg(long, env = "FLOODGATE_WORKERS")]
+    pub(crate) workers: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// The server's gRPC address.
+    #[arg(long, env = "FLOODGATE_SERVER", default_value = "127.0.0.1:8081")]
+    pub(crate) server: String,
+    /// The rules domain.
+    #[arg(long)]
+    pub(crate) domain: String,
+    /// One descriptor: key=value entries separated by commas
+    /// (`user=alice,method=POST`). Repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub(crate) descriptors: Vec<String>,
+    /// Hits (weight) of the request; 0 only reads the counters.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) hits: u32,
+    /// Print the decision as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Give up after this long: 2s, 500ms...
+    #[arg(long, default_value = "5s")]
+    pub(crate) timeout: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// The server: host:port of its gRPC (or, with --protocol json, HTTP) address.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub(crate) server: String,
+    /// grpc (RLS ShouldRateLimit) or json (POST /json).
+    #[arg(long, default_value = "grpc")]
+    pub(crate) protocol: String,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) concurrency: usize,
+    /// Connections (HTTP/2 for gRPC; HTTP/1.1 keeps one per request in flight).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) connections: usize,
+    /// How long to run: 10s, 1m...
+    #[arg(long, default_value = "10s")]
+    pub(crate) duration: String,
+    /// Warm-up before measuring (not counted).
+    #[arg(long, default_value = "1s")]
+    pub(crate) warmup: String,
+    /// Distinct keys (descriptor values).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) keys: u64,
+    /// Key distribution: uniform, or zipf (s = 1), or zipf:S.
+    #[arg(long, default_value = "uniform")]
+    pub(crate) distribution: String,
+    /// Open loop at this many requests per second (latency counted from when
+    /// each request was due); without it, as fast as replies come.
+    #[arg(long)]
+    pub(crate) rate: Option<u64>,
+    /// The domain sent.
+    #[arg(long, default_value = "bench")]
+    pub(crate) domain: String,
+    /// The descriptor key sent; its value is the key number.
+    #[arg(long, default_value = "user")]
+    pub(crate) key: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

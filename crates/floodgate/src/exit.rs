@@ -4,6 +4,8 @@ use std::fmt;
 
 /// Success (for `check`: allowed).
 pub(crate) const OK: u8 = 0;
+/// `check`: the request was denied.
+pub(crate) const DENIED: u8 = 1;
 /// Runtime failure: cannot read, write, connect or bind.
 pub(crate) const FAILURE: u8 = 2;
 /// Bad usage, bad configuration or bad input.
@@ -24,6 +26,11 @@ impl Failure {
     /// Stop early without an error (the reader went away).
     pub(crate) fn stop() -> Self {
         Self { code: OK, message: String::new() }
+    }
+
+    /// Exit with `code` and nothing to print (e.g. `check`: denied).
+    pub(crate) fn quiet(code: u8) -> Self {
+        Self { code, message: String::new() }
     }
 
     pub(crate) fn runtime(message: impl Into<String>) -> Self {

@@ -3,8 +3,11 @@
 //! Exit codes, for every command: 0 success, 1 denied (`check`), 2 runtime
 //! failure, 64 bad usage, bad config or bad input.
 
+mod bench;
+mod check;
 mod cli;
 mod exit;
+mod serve;
 mod simulate;
 mod validate;
 
@@ -26,11 +29,16 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Simulate(args) => simulate::run(&args),
         cli::Command::Validate(args) => validate::run(&args),
+        cli::Command::Serve(args) => serve::run(&args),
+        cli::Command::Check(args) => check::run(&args),
+        cli::Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("floodgate: {e}");
+            if !e.to_string().is_empty() {
+                eprintln!("floodgate: {e}");
+            }
             ExitCode::from(e.code)
         }
     }

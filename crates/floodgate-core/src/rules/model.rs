@@ -128,6 +128,26 @@ pub struct Rule {
     pub source: Source,
 }
 
+impl Rule {
+    /// A rule made of a limit alone (no name, not shadowed, failure mode
+    /// `open`): e.g. the limit an RLS request's descriptor carries.
+    pub fn from_limit(limit: Limit, stats_key: String) -> Rule {
+        Rule {
+            name: None,
+            unit: Unit::of_window(limit.window()),
+            limit: Some(limit),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            failure_mode: FailureMode::Open,
+            local_limit: None,
+            stats_key,
+            source: Source { file: u32::MAX, pos: Pos::default() },
+        }
+    }
+}
+
 /// A node of a domain's descriptor tree.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DescNode {

@@ -16,6 +16,12 @@ pub trait Store: Send + Sync {
     /// Decide `hits` units of `limit` for `key` at the store's current time.
     fn apply(&self, key: &str, limit: &Limit, hits: u64) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Whether the store answers (for readiness probes). The in-memory store
+    /// always does.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Decide every limit of one request, **all or nothing**: when an
     /// enforced check is denied, the checks that allowed keep nothing of this
     /// request (their hits are given back, [`Limit::refund`]). Writes one

@@ -1,0 +1,147 @@
+//! Envoy RLS v3: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+//! a drop-in for envoyproxy/ratelimit, on the published Envoy protos
+//! (`envoy-types`).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use floodgate_core::Store;
+use floodgate_core::rules::Unit;
+
+use crate::headers::{HeaderMode, headers};
+use crate::metrics::Protocol;
+use crate::service::{Answer, Descriptor, LimitOverride, Request, Service};
+
+/// The RLS gRPC service over a [`Service`].
+#[derive(Debug)]
+pub struct Rls<S> {
+    service: Arc<Service<S>>,
+    headers: HeaderMode,
+}
+
+impl<S: Store + 'static> Rls<S> {
+    /// The tonic service, ready to add to a server.
+    pub fn server(service: Arc<Service<S>>, headers: HeaderMode) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(Rls { service, headers })
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store + 'static> RateLimitService for Rls<S> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let req = from_proto(request.into_inner());
+        match self.service.decide(&req, Protocol::Grpc).await {
+            Ok(answer) => Ok(tonic::Response::new(to_proto(&answer, self.headers))),
+            Err(e) => Err(tonic::Status::invalid_argument(e.to_string())),
+        }
+    }
+}
+
+/// Translate an RLS request (moving its strings, not copying them).
+pub fn from_proto(r: RateLimitRequest) -> Request {
+    Request {
+        domain: r.domain,
+        hits_addend: u64::from(r.hits_addend),
+        descriptors: r.descriptors.into_iter().map(descriptor_from_proto).collect(),
+    }
+}
+
+fn descriptor_from_proto(d: RateLimitDescriptor) -> Descriptor {
+    Descriptor {
+        entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+        // A negative-hits descriptor gives hits back in envoy; floodgate
+        // refunds only within one request, so it is a check only here.
+        hits_addend: if d.is_negative_hits { Some(0) } else { d.hits_addend.map(|h| h.value) },
+        limit: d.limit.and_then(|l| {
+            let unit = unit_from_proto(l.unit)?;
+            Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit })
+        }),
+    }
+}
+
+/// The floodgate unit of a proto unit (`None` for UNKNOWN or out of range).
+pub fn unit_from_proto(u: i32) -> Option<Unit> {
+    Some(match PbUnit::try_from(u).ok()? {
+        PbUnit::Unknown => return None,
+        PbUnit::Second => Unit::Second,
+        PbUnit::Minute => Unit::Minute,
+        PbUnit::Hour => Unit::Hour,
+        PbUnit::Day => Unit::Day,
+        PbUnit::Week => Unit::Week,
+        PbUnit::Month => Unit::Month,
+        PbUnit::Year => Unit::Year,
+    })
+}
+
+/// The proto unit of a floodgate unit (`UNKNOWN` when the window is not one).
+pub fn unit_to_proto(u: Option<Unit>) -> PbUnit {
+    match u {
+        None => PbUnit::Unknown,
+        Some(Unit::Second) => PbUnit::Second,
+        Some(Unit::Minute) => PbUnit::Minute,
+        Some(Unit::Hour) => PbUnit::Hour,
+        Some(Unit::Day) => PbUnit::Day,
+        Some(Unit::Week) => PbUnit::Week,
+        Some(Unit::Month) => PbUnit::Month,
+        Some(Unit::Year) => PbUnit::Year,
+    }
+}
+
+/// Translate an answer to an RLS response. Limits above `u32::MAX`
+/// saturate; a window that is not one of envoy's units is reported as
+/// `UNKNOWN` with the rule's name (or the window) as the limit's name.
+pub fn to_proto(a: &Answer, mode: HeaderMode) -> RateLimitResponse {
+    let sat = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    let statuses = a
+        .statuses
+        .iter()
+        .map(|s| {
+            let code = if s.over_limit { Code::OverLimit } else { Code::Ok };
+            let mut status = DescriptorStatus { code: code as i32, ..Default::default() };
+            if let (Some(info), Some(d)) = (&s.limit, &s.decision) {
+                let name = match (&info.name, info.unit) {
+                    (Some(n), _) => n.clone(),
+                    (None, Some(_)) => String::new(),
+                    (None, None) => crate::json::duration_text(info.window),
+                };
+                status.current_limit = Some(RateLimit {
+                    name,
+                    requests_per_unit: sat(info.requests_per_unit),
+                    unit: unit_to_proto(info.unit) as i32,
+                });
+                status.limit_remaining = sat(d.remaining);
+                status.duration_until_reset = Some(pb_duration(d.reset_after));
+            }
+            status
+        })
+        .collect();
+    let code = if a.allowed { Code::Ok } else { Code::OverLimit };
+    RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add: headers(a, mode)
+            .into_iter()
+            .map(|(k, v)| HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A protobuf Duration, exact to the microsecond.
+fn pb_duration(d: std::time::Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}

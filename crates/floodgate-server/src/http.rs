@@ -1,0 +1,258 @@
+//! The HTTP API: `POST /json` and `GET /healthcheck` as envoyproxy/ratelimit
+//! serves them, `POST /v1/check`, `GET /healthz`, `GET /readyz`,
+//! `GET /metrics`.
+//!
+//! Every bad request gets a JSON error naming the field: 400 for malformed
+//! or invalid bodies, 413 above the body limit, 415 for a body that is not
+//! JSON, 405/404 for wrong methods and paths.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::Backend;
+use crate::headers::{HeaderMode, headers};
+use crate::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
+use crate::metrics::{Protocol, gauge};
+use crate::service::{Request, Service};
+
+/// Default largest request body: 64 KiB.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// What the HTTP handlers share.
+#[derive(Debug)]
+pub struct HttpState<S> {
+    /// The service.
+    pub service: Arc<Service<S>>,
+    /// Which rate-limit headers to send.
+    pub headers: HeaderMode,
+    /// Set when shutting down: `/readyz` answers 503 so load balancers
+    /// drain this instance.
+    pub draining: Arc<AtomicBool>,
+}
+
+/// The HTTP API router.
+pub fn router<S: Backend>(state: Arc<HttpState<S>>, body_limit: usize) -> Router {
+    Router::new()
+        .route("/json", post(pb_json::<S>))
+        .route("/v1/check", post(check::<S>))
+        .route("/healthcheck", get(healthcheck::<S>))
+        .route("/healthz", get(|| async { (StatusCode::OK, axum::Json(json!({"status": "ok"}))) }))
+        .route("/readyz", get(readyz::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// A JSON error: `{"error": what is wrong and what to send, "field": path}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    field: String,
+    message: String,
+}
+
+impl ApiError {
+    /// An error with `status`, about `field` (empty for the whole request).
+    pub fn new(status: StatusCode, field: &str, message: impl std::fmt::Display) -> Self {
+        Self { status, field: field.to_owned(), message: message.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message, "field": self.field }))).into_response()
+    }
+}
+
+/// A JSON error response.
+pub fn error(status: StatusCode, field: &str, message: impl std::fmt::Display) -> Response {
+    ApiError::new(status, field, message).into_response()
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "",
+        "no such endpoint: see the README for /json, /v1/check, /healthz, /readyz, /metrics",
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, "", "method not allowed on this endpoint")
+}
+
+/// The body, or the JSON error for a body that cannot be read.
+pub fn body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("");
+        let mime = ct.split(';').next().unwrap_or("").trim();
+        // envoyproxy/ratelimit's clients often send no type or a form type
+        // with a JSON body; refuse only types that are clearly something else.
+        if !(mime.is_empty() || mime.ends_with("json") || mime == "text/plain" || mime.starts_with("application/x-www"))
+        {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "",
+                format!("content-type `{ct}`: send application/json"),
+            ));
+        }
+    }
+    body.map_err(|e| {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, "", "body too large: send one request of at most the configured body limit")
+        } else {
+            ApiError::new(status, "", format!("cannot read the body: {e}"))
+        }
+    })
+}
+
+fn bad(e: BadRequest) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, &e.field, e.message)
+}
+
+fn with_headers(mut resp: Response, hs: Vec<(&'static str, String)>) -> Response {
+    for (k, v) in hs {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            resp.headers_mut().insert(HeaderName::from_static(k), v);
+        }
+    }
+    resp
+}
+
+async fn decide<S: Backend>(
+    state: &HttpState<S>,
+    req: &Request,
+    protocol: Protocol,
+) -> Result<crate::service::Answer, ApiError> {
+    state.service.decide(req, protocol).await.map_err(|e| {
+        let msg = e.to_string();
+        let field = msg.split(':').next().unwrap_or("").to_owned();
+        ApiError::new(StatusCode::BAD_REQUEST, &field, msg)
+    })
+}
+
+/// A parsed body, or its error (counted as a malformed request).
+fn parsed<S: Backend>(
+    state: &HttpState<S>,
+    protocol: Protocol,
+    r: Result<Request, BadRequest>,
+) -> Result<Request, ApiError> {
+    r.map_err(|e| {
+        state.service.metrics().request(protocol, None, std::time::Duration::ZERO);
+        bad(e)
+    })
+}
+
+/// `POST /json`: 200 OK, 429 over the limit, with the RLS response as JSON.
+async fn pb_json<S: Backend>(
+    State(state): State<Arc<HttpState<S>>>,
+    headers_in: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let raw = body(&headers_in, raw)?;
+    let req = parsed(&state, Protocol::Json, parse_pb_request(&raw))?;
+    let answer = decide(&state, &req, Protocol::Json).await?;
+    let status = if answer.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+    Ok((status, axum::Json(pb_response(&answer, state.headers))).into_response())
+}
+
+/// `POST /v1/check`: always 200 with the decision in the body (and the
+/// rate-limit headers on the response too).
+async fn check<S: Backend>(
+    State(state): State<Arc<HttpState<S>>>,
+    headers_in: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let raw = body(&headers_in, raw)?;
+    let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
+    let answer = decide(&state, &req, Protocol::Check).await?;
+    let resp = (StatusCode::OK, axum::Json(check_response(&answer, state.headers))).into_response();
+    Ok(with_headers(resp, headers(&answer, state.headers)))
+}
+
+/// envoyproxy/ratelimit's probe: 200 `OK` while serving.
+async fn healthcheck<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else {
+        (StatusCode::OK, "OK").into_response()
+    }
+}
+
+/// The readiness report: rules, last reload error, store.
+pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (bool, Value) {
+    let rules = service.rules();
+    let status = rules.status();
+    let current = rules.current();
+    let store = service.store().ping().await;
+    let ready = !draining && store.is_ok();
+    let ts = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs())
+    };
+    let body = json!({
+        "ready": ready,
+        "draining": draining,
+        "rules": {
+            "dir": rules.dir().display().to_string(),
+            "domains": current.domains().count(),
+            "rules": current.rule_count(),
+            "loaded_at_unix_s": ts(status.loaded_at),
+            "reloads": rules.reloads(),
+            "reload_failures": rules.failures(),
+            "last_error": status.last_error,
+            "failed_at_unix_s": ts(status.failed_at),
+        },
+        "store": match &store {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        },
+    });
+    (ready, body)
+}
+
+async fn readyz<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response {
+    let (ready, body) = readiness(&state.service, state.draining.load(Ordering::Relaxed)).await;
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response {
+    let mut out = String::with_capacity(8 * 1024);
+    let service = &state.service;
+    service.metrics().render(&mut out);
+    let rules = service.rules();
+    gauge(&mut out, "floodgate_config_reloads_total", "counter", "Successful rule reloads.", rules.reloads());
+    gauge(
+        &mut out,
+        "floodgate_config_reload_failures_total",
+        "counter",
+        "Rule reloads refused (the last good rules stay).",
+        rules.failures(),
+    );
+    let current = rules.current();
+    gauge(&mut out, "floodgate_config_rules", "gauge", "Rules loaded.", current.rule_count());
+    gauge(
+        &mut out,
+        "floodgate_config_last_reload_ok",
+        "gauge",
+        "1 when the last reload succeeded.",
+        u8::from(rules.status().last_error.is_none()),
+    );
+    if let Some(o) = service.overrides() {
+        gauge(&mut out, "floodgate_overrides", "gauge", "Runtime overrides in effect.", o.len());
+    }
+    service.store().render_metrics(&mut out);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}

@@ -1,0 +1,196 @@
+//! Prometheus metrics, rendered in the text exposition format. Label values
+//! come from configuration (domains, rule names) or fixed sets, never from
+//! client keys, so every label's cardinality is bounded by the rules.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use floodgate_core::limiter::Verdict;
+use floodgate_core::rules::{FailureMode, Rule};
+
+/// The adapter a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Envoy RLS v3 gRPC.
+    Grpc,
+    /// `POST /json` (envoy's JSON endpoint).
+    Json,
+    /// `POST /v1/check`.
+    Check,
+}
+
+impl Protocol {
+    const ALL: [Protocol; 3] = [Protocol::Grpc, Protocol::Json, Protocol::Check];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Json => "json",
+            Protocol::Check => "check",
+        }
+    }
+}
+
+/// Latency buckets, in seconds (10 µs to 1 s).
+const BUCKETS: [f64; 14] =
+    [0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.25, 1.0];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|&b| s <= b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+}
+
+/// Per-rule decision counters.
+#[derive(Debug, Default)]
+struct RuleCounters {
+    ok: AtomicU64,
+    over_limit: AtomicU64,
+    shadow_over_limit: AtomicU64,
+    unlimited: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    failed_local: AtomicU64,
+}
+
+type ByRule = HashMap<String, HashMap<String, Arc<RuleCounters>>>;
+
+/// The service's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests by protocol and result (ok, over_limit, error).
+    requests: [[AtomicU64; 3]; 3],
+    latency: [Histogram; 3],
+    rules: RwLock<ByRule>,
+}
+
+impl Metrics {
+    /// Fresh counters.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Count one request: `Some(allowed)` when decided, `None` when refused
+    /// as malformed.
+    pub fn request(&self, protocol: Protocol, allowed: Option<bool>, took: Duration) {
+        let p = protocol as usize;
+        let r = match allowed {
+            Some(true) => 0,
+            Some(false) => 1,
+            None => 2,
+        };
+        self.requests[p][r].fetch_add(1, Relaxed);
+        self.latency[p].record(took);
+    }
+
+    /// Count one rule's verdict in `domain`.
+    pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict) {
+        let label = rule.name.as_deref().unwrap_or(&rule.stats_key);
+        let counters = {
+            let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+            map.get(domain).and_then(|m| m.get(label)).cloned()
+        };
+        let c = counters.unwrap_or_else(|| {
+            let mut map = self.rules.write().unwrap_or_else(PoisonError::into_inner);
+            map.entry(domain.to_owned()).or_default().entry(label.to_owned()).or_default().clone()
+        });
+        let slot = match (&v.failure, v.decision) {
+            (Some((_, FailureMode::Open)), _) => &c.failed_open,
+            (Some((_, FailureMode::Closed)), _) => &c.failed_closed,
+            (Some((_, FailureMode::Local)), _) => &c.failed_local,
+            (None, None) => &c.unlimited,
+            (None, Some(d)) if d.allowed => &c.ok,
+            (None, Some(_)) if v.shadow => &c.shadow_over_limit,
+            (None, Some(_)) => &c.over_limit,
+        };
+        slot.fetch_add(1, Relaxed);
+    }
+
+    /// Append the service's metrics in Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        out.push_str("# HELP floodgate_requests_total Rate-limit requests by protocol and result.\n");
+        out.push_str("# TYPE floodgate_requests_total counter\n");
+        for p in Protocol::ALL {
+            for (r, name) in ["ok", "over_limit", "error"].iter().enumerate() {
+                let v = self.requests[p as usize][r].load(Relaxed);
+                let _ = writeln!(out, "floodgate_requests_total{{protocol=\"{}\",result=\"{name}\"}} {v}", p.as_str());
+            }
+        }
+        out.push_str("# HELP floodgate_request_duration_seconds Time to decide one request.\n");
+        out.push_str("# TYPE floodgate_request_duration_seconds histogram\n");
+        for p in Protocol::ALL {
+            let h = &self.latency[p as usize];
+            let mut cum = 0;
+            for (i, b) in BUCKETS.iter().enumerate() {
+                cum += h.buckets[i].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "floodgate_request_duration_seconds_bucket{{protocol=\"{}\",le=\"{b}\"}} {cum}",
+                    p.as_str()
+                );
+            }
+            let count = h.count.load(Relaxed);
+            let p = p.as_str();
+            let _ = writeln!(out, "floodgate_request_duration_seconds_bucket{{protocol=\"{p}\",le=\"+Inf\"}} {count}");
+            let sum = h.sum_ns.load(Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "floodgate_request_duration_seconds_sum{{protocol=\"{p}\"}} {sum}");
+            let _ = writeln!(out, "floodgate_request_duration_seconds_count{{protocol=\"{p}\"}} {count}");
+        }
+        out.push_str(
+            "# HELP floodgate_decisions_total Decisions by domain, rule (name, else descriptor path) and result.\n",
+        );
+        out.push_str("# TYPE floodgate_decisions_total counter\n");
+        let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+        let mut domains: Vec<_> = map.iter().collect();
+        domains.sort_by(|a, b| a.0.cmp(b.0));
+        for (domain, rules) in domains {
+            let mut rules: Vec<_> = rules.iter().collect();
+            rules.sort_by(|a, b| a.0.cmp(b.0));
+            for (rule, c) in rules {
+                let results = [
+                    ("ok", &c.ok),
+                    ("over_limit", &c.over_limit),
+                    ("shadow_over_limit", &c.shadow_over_limit),
+                    ("unlimited", &c.unlimited),
+                    ("failed_open", &c.failed_open),
+                    ("failed_closed", &c.failed_closed),
+                    ("failed_local", &c.failed_local),
+                ];
+                for (name, v) in results {
+                    let _ = writeln!(
+                        out,
+                        "floodgate_decisions_total{{domain=\"{}\",rule=\"{}\",result=\"{name}\"}} {}",
+                        escape(domain),
+                        escape(rule),
+                        v.load(Relaxed)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Append one metric with no labels.
+pub fn gauge(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+}
+
+/// Escape a label value (backslash, quote, newline).
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

@@ -1,0 +1,270 @@
+//! `floodgate serve`: load and validate everything, then bind the gRPC, HTTP
+//! and admin addresses, serve, and on shutdown stop accepting, finish the
+//! requests in flight (bounded by a grace period) and return.
+//!
+//! The order matters (bad config never binds a port): [`prepare`] loads the
+//! rules and overrides and checks the settings, [`Prepared::bind`] binds,
+//! [`Bound::run`] serves.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use floodgate_core::limiter::Limiter;
+use floodgate_core::rules::LoadOptions;
+use floodgate_core::{MemoryStore, OnFull};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin::{self, AdminState};
+use crate::grpc::Rls;
+use crate::headers::HeaderMode;
+use crate::http::{self, HttpState};
+use crate::metrics::Metrics;
+use crate::overrides::Overrides;
+use crate::reload::{Rules, WatchOptions, Watcher, watch};
+use crate::service::Service;
+
+/// Everything `serve` needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The rules directory.
+    pub rules_dir: PathBuf,
+    /// RLS gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// HTTP API address.
+    pub http_addr: SocketAddr,
+    /// Admin API address.
+    pub admin_addr: SocketAddr,
+    /// Bearer token for the admin API.
+    pub admin_token: Option<String>,
+    /// Which rate-limit headers to send.
+    pub headers: HeaderMode,
+    /// Where runtime overrides persist; `None` disables them.
+    pub overrides_file: Option<PathBuf>,
+    /// Bound on the in-memory store's keys.
+    pub max_keys: usize,
+    /// Watch the rules directory and reload on change.
+    pub watch: bool,
+    /// Largest HTTP request body.
+    pub body_limit: usize,
+    /// How long shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            rules_dir: PathBuf::from("examples/config"),
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            admin_token: None,
+            headers: HeaderMode::default(),
+            overrides_file: None,
+            max_keys: floodgate_core::store::memory::DEFAULT_MAX_KEYS,
+            watch: true,
+            body_limit: http::DEFAULT_BODY_LIMIT,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Bad configuration (exit 64): nothing was bound.
+    #[error("{0}")]
+    Config(String),
+    /// An address could not be bound (exit 2).
+    #[error("cannot bind the {what} address {addr}: {source}")]
+    Bind {
+        /// Which address.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A server failed while running (exit 2).
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// Loaded and validated, not yet bound.
+#[derive(Debug)]
+pub struct Prepared {
+    config: Config,
+    service: Arc<Service<MemoryStore>>,
+}
+
+/// Load the rules and overrides and check the settings; binds nothing.
+pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
+    if config.admin_token.as_deref().is_some_and(str::is_empty) {
+        return Err(ServeError::Config(
+            "--admin-token is empty: give a secret, or leave it out on a loopback admin address".into(),
+        ));
+    }
+    if config.admin_token.is_none() && !config.admin_addr.ip().is_loopback() {
+        return Err(ServeError::Config(format!(
+            "the admin address {} is not loopback and no --admin-token is set: set a token (FLOODGATE_ADMIN_TOKEN) or bind the admin API to 127.0.0.1",
+            config.admin_addr
+        )));
+    }
+    let rules = Rules::load(&config.rules_dir, LoadOptions::default()).map_err(|errs| {
+        let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
+        ServeError::Config(format!("the rules in {} do not validate:\n{}", config.rules_dir.display(), list.join("\n")))
+    })?;
+    for w in rules.current().warnings() {
+        tracing::warn!("{w}");
+    }
+    let overrides = match &config.overrides_file {
+        Some(path) => {
+            let o = Overrides::open(path)
+                .map_err(|e| ServeError::Config(format!("overrides file {}: {e}", path.display())))?;
+            for p in o.problems() {
+                tracing::warn!("stored override not loaded: {p}");
+            }
+            Some(Arc::new(o))
+        }
+        None => None,
+    };
+    let store = MemoryStore::builder().max_keys(config.max_keys).on_full(OnFull::Evict).build();
+    let local = MemoryStore::builder().max_keys(config.max_keys).build();
+    let service = Arc::new(Service::new(rules, overrides, Limiter::new(store, local), Arc::new(Metrics::new())));
+    Ok(Prepared { config, service })
+}
+
+impl Prepared {
+    /// The service (for tests and embedding).
+    pub fn service(&self) -> &Arc<Service<MemoryStore>> {
+        &self.service
+    }
+
+    /// Bind the three addresses (port 0 picks a free port).
+    pub async fn bind(self) -> Result<Bound, ServeError> {
+        let bind = |what: &'static str, addr: SocketAddr| async move {
+            TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { what, addr, source })
+        };
+        let grpc = bind("gRPC", self.config.grpc_addr).await?;
+        let http = bind("HTTP", self.config.http_addr).await?;
+        let admin = bind("admin", self.config.admin_addr).await?;
+        Ok(Bound { prepared: self, grpc, http, admin })
+    }
+}
+
+/// Bound to its addresses, ready to serve.
+#[derive(Debug)]
+pub struct Bound {
+    prepared: Prepared,
+    grpc: TcpListener,
+    http: TcpListener,
+    admin: TcpListener,
+}
+
+impl Bound {
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().unwrap_or(self.prepared.config.grpc_addr)
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr().unwrap_or(self.prepared.config.http_addr)
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().unwrap_or(self.prepared.config.admin_addr)
+    }
+
+    /// Serve until `shutdown` completes; then stop accepting, finish the
+    /// requests in flight (at most the grace period) and return.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        let (grpc_addr, http_addr, admin_addr) = (self.grpc_addr(), self.http_addr(), self.admin_addr());
+        let Bound { prepared, grpc, http, admin } = self;
+        let Prepared { config, service } = prepared;
+        let _watcher: Option<Watcher> = if config.watch {
+            let opts = WatchOptions::default();
+            match watch(service.rules().clone(), opts) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!("not watching {} for changes: {e}", config.rules_dir.display());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let draining = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
+        health
+            .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
+            .await;
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let grpc_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(Rls::server(service.clone(), config.headers))
+                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
+        );
+        let http_state =
+            Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
+        let http_task = tokio::spawn(
+            axum::serve(http, http::router(http_state, config.body_limit))
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        );
+        let admin_state = Arc::new(AdminState { service: service.clone(), token: config.admin_token.clone() });
+        let admin_task = tokio::spawn(
+            axum::serve(admin, admin::router(admin_state))
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        );
+        let sweeper = {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(10));
+                loop {
+                    tick.tick().await;
+                    service.store().sweep();
+                }
+            })
+        };
+        tracing::info!(%grpc_addr, %http_addr, %admin_addr, rules = %config.rules_dir.display(), "floodgate serving");
+
+        let mut tasks = (grpc_task, http_task, admin_task);
+        let failed: Option<String> = tokio::select! {
+            () = shutdown => None,
+            r = &mut tasks.0 => Some(format!("gRPC server stopped: {r:?}")),
+            r = &mut tasks.1 => Some(format!("HTTP server stopped: {r:?}")),
+            r = &mut tasks.2 => Some(format!("admin server stopped: {r:?}")),
+        };
+        tracing::info!("shutting down: no new connections; finishing requests in flight");
+        draining.store(true, Ordering::Relaxed);
+        health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        let _ = stop_tx.send(true);
+        sweeper.abort();
+        let all = async {
+            let _ = tasks.0.await;
+            let _ = tasks.1.await;
+            let _ = tasks.2.await;
+        };
+        if tokio::time::timeout(config.shutdown_grace, all).await.is_err() {
+            tracing::warn!(grace = ?config.shutdown_grace, "requests still in flight after the grace period; stopping anyway");
+        }
+        match failed {
+            Some(e) => Err(ServeError::Runtime(e)),
+            None => Ok(()),
+        }
+    }
+}

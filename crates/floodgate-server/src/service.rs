@@ -1,0 +1,322 @@
+//! The protocol-neutral rate-limit service: a request of descriptors in, one
+//! status per descriptor and the overall answer out. The gRPC, JSON and
+//! `/v1/check` adapters translate to and from these types and nothing else.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict};
+use floodgate_core::rules::{RequestMatch, Rule, RuleSet, Unit, counter_key};
+use floodgate_core::{Algorithm, Decision, Limit, Store};
+
+use crate::metrics::{Metrics, Protocol};
+use crate::overrides::{Override, Overrides};
+use crate::reload::Rules;
+
+/// Most descriptors one request may carry (envoy sends a handful).
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 32;
+
+/// The metrics label of limits carried by requests (envoy's descriptor
+/// `limit`), whatever their value.
+pub const REQUEST_LIMIT_RULE: &str = "request_limit";
+
+/// One rate-limit request: a domain and its descriptors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    /// The rules domain.
+    pub domain: String,
+    /// The descriptors, each decided against the rules.
+    pub descriptors: Vec<Descriptor>,
+    /// Hits for every descriptor without its own; 0 counts as 1 (envoy).
+    pub hits_addend: u64,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// `(key, value)` entries, in order.
+    pub entries: Vec<(String, String)>,
+    /// Hits for this descriptor, used as is when set (0 = check only).
+    pub hits_addend: Option<u64>,
+    /// A limit carried by the request itself (envoy's descriptor `limit`),
+    /// used instead of the rules' when the domain exists.
+    pub limit: Option<LimitOverride>,
+}
+
+/// A limit carried in a request: `requests_per_unit` per `unit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+}
+
+/// A request the service refuses to decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// `domain` is empty.
+    #[error("domain: must not be empty (the rules domain to check against)")]
+    EmptyDomain,
+    /// No descriptors.
+    #[error("descriptors: must not be empty (give at least one descriptor with entries)")]
+    NoDescriptors,
+    /// Too many descriptors.
+    #[error("descriptors: {0} given, at most {MAX_DESCRIPTORS} allowed")]
+    TooManyDescriptors(usize),
+    /// A descriptor with no entries or too many.
+    #[error("descriptors[{0}].entries: must hold 1 to {MAX_ENTRIES} entries")]
+    BadEntries(usize),
+}
+
+/// What the service answered for one descriptor.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DescriptorStatus {
+    /// Whether this descriptor is over its limit (never for shadow-mode or
+    /// unlimited rules).
+    pub over_limit: bool,
+    /// The limit the status reports (the most restrictive of the
+    /// descriptor's limits); `None` when no limited rule applied.
+    pub limit: Option<LimitInfo>,
+    /// The reported limit's decision.
+    pub decision: Option<Decision>,
+}
+
+/// A limit as reported to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitInfo {
+    /// The rule's `name`, if any.
+    pub name: Option<String>,
+    /// Requests per window.
+    pub requests_per_unit: u64,
+    /// The window, when it is exactly one of envoy's units.
+    pub unit: Option<Unit>,
+    /// The window.
+    pub window: Duration,
+    /// The algorithm's name.
+    pub algorithm: &'static str,
+}
+
+impl LimitInfo {
+    fn of(rule: &Rule, limit: &Limit) -> Self {
+        LimitInfo {
+            name: rule.name.clone(),
+            requests_per_unit: limit.limit(),
+            unit: rule.unit,
+            window: limit.window(),
+            algorithm: limit.algorithm().kind().as_str(),
+        }
+    }
+}
+
+/// The service's answer to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Whether the request may go ahead.
+    pub allowed: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<DescriptorStatus>,
+    /// The limit the rate-limit headers describe, and its decision.
+    pub headline: Option<(LimitInfo, Decision)>,
+    /// For a denial: the wait after which the same request could pass
+    /// (`None` when no wait helps).
+    pub retry_after: Option<Duration>,
+}
+
+/// Rules, overrides, a store and metrics: everything a decision needs.
+pub struct Service<S> {
+    rules: Arc<Rules>,
+    overrides: Option<Arc<Overrides>>,
+    limiter: Limiter<S>,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> std::fmt::Debug for Service<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("rules", &self.rules.dir()).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Service<S> {
+    /// A service deciding with `limiter` against `rules` (and `overrides`,
+    /// which take precedence for the exact descriptors they name).
+    pub fn new(
+        rules: Arc<Rules>,
+        overrides: Option<Arc<Overrides>>,
+        limiter: Limiter<S>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { rules, overrides, limiter, metrics }
+    }
+
+    /// The hot-reloaded rules.
+    pub fn rules(&self) -> &Arc<Rules> {
+        &self.rules
+    }
+
+    /// The runtime overrides, when enabled.
+    pub fn overrides(&self) -> Option<&Arc<Overrides>> {
+        self.overrides.as_ref()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        self.limiter.store()
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Decide one request, recording metrics for `protocol`.
+    pub async fn decide(&self, req: &Request, protocol: Protocol) -> Result<Answer, RequestError> {
+        let started = Instant::now();
+        let result = self.decide_inner(req).await;
+        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
+        result
+    }
+
+    /// The current counters of every limit applying to the request's
+    /// descriptors, taking nothing (each limit peeked with 0 hits).
+    pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
+        validate(req)?;
+        let rules = self.rules.current();
+        let domain = req.domain.as_str();
+        let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
+        let overrides = self.overrides_of(req);
+        let inline: Vec<Option<Rule>> = req.descriptors.iter().map(|d| inline_rule(&rules, domain, d)).collect();
+        let mut out = Vec::new();
+        for (_, key, rule) in plan(req, &matched, &overrides, &inline) {
+            if let Some(limit) = &rule.limit
+                && let Ok(d) = self.limiter.store().apply(&key, limit, 0).await
+            {
+                out.push((key, LimitInfo::of(rule, limit), d));
+            }
+        }
+        Ok(out)
+    }
+
+    fn overrides_of(&self, req: &Request) -> Vec<Option<Arc<Override>>> {
+        match self.overrides.as_deref() {
+            Some(o) if !o.is_empty() => req.descriptors.iter().map(|d| o.get(&req.domain, &d.entries)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
+        validate(req)?;
+        let rules = self.rules.current();
+        let domain = req.domain.as_str();
+        let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
+        let overrides = self.overrides_of(req);
+        let inline: Vec<Option<Rule>> = req.descriptors.iter().map(|d| inline_rule(&rules, domain, d)).collect();
+        let planned = plan(req, &matched, &overrides, &inline);
+        let default_hits = req.hits_addend.max(1);
+        let checks: Vec<RuleCheck<'_>> = planned
+            .iter()
+            .map(|(d, key, rule)| RuleCheck {
+                key,
+                rule,
+                hits: req.descriptors[*d].hits_addend.unwrap_or(default_hits),
+            })
+            .collect();
+        let outcome = self.limiter.check(&checks).await;
+        for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
+            self.metrics.verdict(domain, check.rule, verdict);
+        }
+        let statuses = (0..req.descriptors.len())
+            .map(|d| {
+                let mine = planned.iter().zip(checks.iter().zip(&outcome.verdicts)).filter(|((dd, _, _), _)| *dd == d);
+                let best = mine.map(|(_, cv)| cv).min_by(|(_, a), (_, b)| restrictive(a, b));
+                match best {
+                    Some((check, verdict)) => match (check.rule.limit.as_ref(), verdict.decision) {
+                        (Some(limit), Some(decision)) => DescriptorStatus {
+                            over_limit: verdict.denies(),
+                            limit: Some(LimitInfo::of(check.rule, limit)),
+                            decision: Some(decision),
+                        },
+                        _ => DescriptorStatus::default(),
+                    },
+                    None => DescriptorStatus::default(),
+                }
+            })
+            .collect();
+        let headline = headline(&checks, &outcome);
+        Ok(Answer { allowed: outcome.allowed, statuses, headline, retry_after: outcome.retry_after() })
+    }
+}
+
+/// The `(descriptor index, counter key, rule)` of every limit that applies:
+/// a request-carried limit, else an override of the exact descriptor, else
+/// the files' match with `replaces` applied.
+fn plan<'a>(
+    req: &Request,
+    matched: &'a RequestMatch<'a>,
+    overrides: &'a [Option<Arc<Override>>],
+    inline: &'a [Option<Rule>],
+) -> Vec<(usize, String, &'a Rule)> {
+    let domain = req.domain.as_str();
+    let mut out = Vec::with_capacity(req.descriptors.len());
+    for (d, desc) in req.descriptors.iter().enumerate() {
+        if let Some(rule) = &inline[d] {
+            let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
+            out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
+        } else if let Some(Some(o)) = overrides.get(d) {
+            out.extend(o.rules.iter().enumerate().map(|(i, rule)| (d, o.counter_key(i), rule)));
+        } else if let Some(Some(m)) = matched.descriptors.get(d) {
+            out.extend(matched.applicable(d).map(|(i, rule)| (d, m.counter_key(i), rule)));
+        }
+    }
+    out
+}
+
+/// The rule for a descriptor that carries its own limit (envoy's descriptor
+/// `limit`): a fixed window of `requests_per_unit` per `unit`, honoured when
+/// the domain exists, as envoy does.
+fn inline_rule(rules: &RuleSet, domain: &str, d: &Descriptor) -> Option<Rule> {
+    let o = d.limit?;
+    rules.domain(domain)?;
+    let limit = Limit::new(Algorithm::FixedWindow, u64::from(o.requests_per_unit), o.unit.window()).ok()?;
+    // One metrics label for every request-carried limit: clients choose them.
+    Some(Rule::from_limit(limit, REQUEST_LIMIT_RULE.to_owned()))
+}
+
+fn validate(req: &Request) -> Result<(), RequestError> {
+    if req.domain.is_empty() {
+        return Err(RequestError::EmptyDomain);
+    }
+    if req.descriptors.is_empty() {
+        return Err(RequestError::NoDescriptors);
+    }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(RequestError::TooManyDescriptors(req.descriptors.len()));
+    }
+    if let Some(i) = req.descriptors.iter().position(|d| d.entries.is_empty() || d.entries.len() > MAX_ENTRIES) {
+        return Err(RequestError::BadEntries(i));
+    }
+    Ok(())
+}
+
+/// Order verdicts from most to least restrictive: denying first, then the
+/// least remaining, then the longest reset; unlimited last.
+fn restrictive(a: &Verdict, b: &Verdict) -> std::cmp::Ordering {
+    let key = |v: &Verdict| v.decision.map(|d| (!v.denies(), d.remaining, std::cmp::Reverse(d.reset_after)));
+    match (key(a), key(b)) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    }
+}
+
+fn headline(checks: &[RuleCheck<'_>], outcome: &Outcome) -> Option<(LimitInfo, Decision)> {
+    let best = outcome.headline()?;
+    checks.iter().zip(&outcome.verdicts).find_map(|(c, v)| {
+        let d = v.decision.as_ref()?;
+        let limit = c.rule.limit.as_ref()?;
+        std::ptr::eq(d, best).then(|| (LimitInfo::of(c.rule, limit), *d))
+    })
+}

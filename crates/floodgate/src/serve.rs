@@ -1,0 +1,114 @@
+//! `floodgate serve`: parse and validate every setting and the rules, then
+//! bind, then serve until SIGTERM or SIGINT, then drain and exit 0.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use floodgate_core::parse_duration;
+use floodgate_server::serve::{Config, ServeError, prepare};
+
+use crate::cli::ServeArgs;
+use crate::exit::Failure;
+
+/// The bundled example rules: `examples/config` under the working
+/// directory, else where the source tree had them at build time.
+fn default_rules_dir() -> PathBuf {
+    let here = PathBuf::from("examples/config");
+    if here.is_dir() {
+        return here;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/config")
+}
+
+fn addr(flag: &str, s: &str) -> Result<SocketAddr, Failure> {
+    s.parse().map_err(|_| {
+        Failure::usage(format!(
+            "--{flag} `{s}`: give an address as IP:PORT, e.g. 0.0.0.0:8081 (port 0 picks a free port)"
+        ))
+    })
+}
+
+fn config(args: &ServeArgs) -> Result<Config, Failure> {
+    if args.store != "memory" {
+        let hint = if args.store.starts_with("redis") { " (the Redis store is not built yet)" } else { "" };
+        return Err(Failure::usage(format!("--store `{}`: use memory{hint}", args.store)));
+    }
+    let headers =
+        args.response_headers.parse().map_err(|e: String| Failure::usage(format!("--response-headers: {e}")))?;
+    let grace = parse_duration(&args.shutdown_grace).map_err(|e| Failure::usage(format!("--shutdown-grace: {e}")))?;
+    if args.max_keys == 0 {
+        return Err(Failure::usage("--max-keys: give at least 1"));
+    }
+    let overrides_file = match args.overrides_file.as_str() {
+        "none" | "" => None,
+        p => Some(PathBuf::from(p)),
+    };
+    Ok(Config {
+        rules_dir: args.config.clone().unwrap_or_else(default_rules_dir),
+        grpc_addr: addr("grpc-addr", &args.grpc_addr)?,
+        http_addr: addr("http-addr", &args.http_addr)?,
+        admin_addr: addr("admin-addr", &args.admin_addr)?,
+        admin_token: args.admin_token.clone(),
+        headers,
+        overrides_file,
+        max_keys: args.max_keys,
+        watch: !args.no_watch,
+        body_limit: args.body_limit,
+        shutdown_grace: grace,
+    })
+}
+
+fn init_logging(format: &str) -> Result<(), Failure> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOODGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        "text" => builder.init(),
+        "json" => builder.json().init(),
+        _ => return Err(Failure::usage(format!("--log-format `{format}`: use text or json"))),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
+    let config = config(args)?;
+    init_logging(&args.log_format)?;
+    let prepared = prepare(config).map_err(|e| match e {
+        ServeError::Config(m) => Failure::usage(m),
+        e => Failure::runtime(e.to_string()),
+    })?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.workers {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build().map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    rt.block_on(async move {
+        let bound = prepared.bind().await.map_err(|e| Failure::runtime(e.to_string()))?;
+        bound.run(shutdown_signal()).await.map_err(|e| Failure::runtime(e.to_string()))
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
