@@ -1,0 +1,451 @@
+//! The service end to end, through real sockets and the real protocols: a
+//! tonic client built from the same Envoy protos, HTTP/1.1 for the JSON
+//! endpoints and the admin API.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{Entry, RateLimitOverride};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use floodgate_server::serve::{Config, prepare};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("floodgate-e2e-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("rules")).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+  - key: tier
+    value: free
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: vip
+    rate_limit: {unlimited: true}
+  - key: sliding
+    rate_limit: {algorithm: sliding_log, window: 90s, requests_per_unit: 2}
+"#;
+
+struct Server {
+    grpc: SocketAddr,
+    http: SocketAddr,
+    admin: SocketAddr,
+    dir: TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(name: &str, token: Option<&str>) -> Server {
+        let dir = TempDir::new(name);
+        fs::write(dir.0.join("rules/api.yaml"), RULES).unwrap();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let config = Config {
+            rules_dir: dir.0.join("rules"),
+            grpc_addr: any,
+            http_addr: any,
+            admin_addr: any,
+            admin_token: token.map(str::to_owned),
+            overrides_file: Some(dir.0.join("overrides.redb")),
+            body_limit: 4096,
+            ..Config::default()
+        };
+        let bound = prepare(config).unwrap().bind().await.unwrap();
+        let (grpc, http, admin) = (bound.grpc_addr(), bound.http_addr(), bound.admin_addr());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            bound
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Server { grpc, http, admin, dir, stop: Some(tx), task }
+    }
+
+    async fn grpc(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc)).await.unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task).await.expect("stops within 10 s").unwrap();
+    }
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+        ..Default::default()
+    }
+}
+
+fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.into(), descriptors, hits_addend: hits }
+}
+
+async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
+}
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+fn http() -> Http {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// One HTTP call: status, headers, body as JSON (or a JSON string of the text).
+async fn call(c: &Http, method: &str, url: String, body: &str, auth: Option<&str>) -> (u16, hyper::HeaderMap, Value) {
+    let mut b = hyper::Request::builder().method(method).uri(url).header("content-type", "application/json");
+    if let Some(t) = auth {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = c.request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, headers, v)
+}
+
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn rls_decides_reports_and_sets_headers() {
+    let s = Server::start("rls", None).await;
+    let mut c = s.grpc().await;
+    for remaining in [2, 1, 0] {
+        let r = ask(&mut c, req("api", vec![desc(&[("user", "alice")])], 0)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let st = &r.statuses[0];
+        assert_eq!(st.limit_remaining, remaining);
+        let l = st.current_limit.as_ref().unwrap();
+        assert_eq!((l.requests_per_unit, l.unit, l.name.as_str()), (3, Unit::Minute as i32, "per_user"));
+        assert!(st.duration_until_reset.unwrap().seconds <= 60);
+    }
+    let denied = ask(&mut c, req("api", vec![desc(&[("user", "alice")])], 1)).await;
+    assert_eq!(denied.overall_code, Code::OverLimit as i32);
+    assert_eq!(denied.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(&denied, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&denied, "ratelimit-policy"), Some("\"per_user\";q=3;w=60"));
+    let retry: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    // Another user is independent; no rule matches: OK without a limit.
+    assert_eq!(ask(&mut c, req("api", vec![desc(&[("user", "bob")])], 1)).await.overall_code, Code::Ok as i32);
+    let none = ask(&mut c, req("api", vec![desc(&[("nothing", "x")])], 1)).await;
+    assert_eq!(none.overall_code, Code::Ok as i32);
+    assert!(none.statuses[0].current_limit.is_none());
+    assert_eq!(ask(&mut c, req("nodomain", vec![desc(&[("user", "x")])], 1)).await.overall_code, Code::Ok as i32);
+    // Unlimited: OK with no limit, whatever the hits.
+    let vip = ask(&mut c, req("api", vec![desc(&[("vip", "x")])], 1_000_000)).await;
+    assert_eq!(vip.overall_code, Code::Ok as i32);
+    // A window that is not an envoy unit: UNKNOWN with the window as name.
+    let sliding = ask(&mut c, req("api", vec![desc(&[("sliding", "x")])], 1)).await;
+    let l = sliding.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((l.unit, l.name.as_str()), (Unit::Unknown as i32, "90s"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn hits_addend_shadow_mode_and_all_or_nothing() {
+    let s = Server::start("hits", None).await;
+    let mut c = s.grpc().await;
+    // Request-level hits: 3 at once takes the whole limit.
+    assert_eq!(ask(&mut c, req("api", vec![desc(&[("user", "h")])], 3)).await.overall_code, Code::Ok as i32);
+    // Per-descriptor hits_addend 0: a check only.
+    let mut peek = desc(&[("user", "h")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    let r = ask(&mut c, req("api", vec![peek], 5)).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (Code::Ok as i32, 0));
+    // Shadow mode: over the limit, answered OK.
+    for _ in 0..3 {
+        assert_eq!(ask(&mut c, req("api", vec![desc(&[("shadow", "s")])], 1)).await.overall_code, Code::Ok as i32);
+    }
+    // All or nothing: tier=free (1/min) denies, so user=z keeps nothing.
+    let two = || req("api", vec![desc(&[("user", "z")]), desc(&[("tier", "free")])], 1);
+    assert_eq!(ask(&mut c, two()).await.overall_code, Code::Ok as i32);
+    for _ in 0..3 {
+        let r = ask(&mut c, two()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+        assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    }
+    let r = ask(&mut c, req("api", vec![desc(&[("user", "z")])], 1)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1, "denied requests took nothing from user=z");
+    // A limit carried by the request replaces the rules' (envoy's descriptor limit).
+    let mut own = desc(&[("user", "own")]);
+    own.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: Unit::Hour as i32 });
+    let r = ask(&mut c, req("api", vec![own.clone()], 1)).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, Unit::Hour as i32);
+    assert_eq!(ask(&mut c, req("api", vec![own], 1)).await.overall_code, Code::OverLimit as i32);
+    // Malformed requests: INVALID_ARGUMENT with the field named.
+    let e = c.should_rate_limit(req("", vec![desc(&[("user", "x")])], 1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("domain"), "{}", e.message());
+    let e = c.should_rate_limit(req("api", vec![], 1)).await.unwrap_err();
+    assert!(e.message().contains("descriptors"), "{}", e.message());
+    let e = c.should_rate_limit(req("api", vec![desc(&[])], 1)).await.unwrap_err();
+    assert!(e.message().contains("descriptors[0].entries"), "{}", e.message());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_health_service_reports_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let s = Server::start("health", None).await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", s.grpc)).unwrap().connect().await.unwrap();
+    let mut h = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = h.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        assert_eq!(r.status, 1, "SERVING for `{service}`");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn json_endpoints_and_bad_input() {
+    let s = Server::start("json", None).await;
+    let c = http();
+    let url = |p: &str| format!("http://{}{p}", s.http);
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"tier","value":"free"}]}]}"#;
+    let (st, _, v) = call(&c, "POST", url("/json"), body, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(v["statuses"][0]["currentLimit"], json!({"requestsPerUnit": 1, "unit": "MINUTE"}));
+    assert!(v["statuses"][0].get("limitRemaining").is_none(), "zero values are left out: {v}");
+    let (st, _, v) = call(&c, "POST", url("/json"), body, None).await;
+    assert_eq!((st, v["overallCode"].as_str()), (429, Some("OVER_LIMIT")));
+
+    let (st, h, v) =
+        call(&c, "POST", url("/v1/check"), r#"{"domain":"api","descriptors":[{"user":"carol"}],"hits":2}"#, None).await;
+    assert_eq!(st, 200);
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["descriptors"][0]["remaining"], 1);
+    assert_eq!(v["descriptors"][0]["window_ms"], 60_000);
+    assert_eq!(h["x-ratelimit-remaining"], "1");
+    let (_, _, v) =
+        call(&c, "POST", url("/v1/check"), r#"{"domain":"api","descriptors":[{"user":"carol"}],"hits":2}"#, None).await;
+    assert_eq!(v["allowed"], false);
+    assert!(v["retry_after_ms"].as_u64().unwrap() > 0);
+
+    // Bad input: a JSON error naming the field, never a panic.
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("/json", "{", 400, ""),
+        ("/json", r#"{"domain":"api","descriptors":[{"entries":[{"key":1}]}]}"#, 400, "descriptors[0].entries[0].key"),
+        ("/json", r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"x"}]}],"bogus":1}"#, 400, ""),
+        ("/json", r#"{"descriptors":[{"entries":[{"key":"user","value":"x"}]}]}"#, 400, "domain"),
+        ("/json", r#"{"domain":"api"}"#, 400, "descriptors"),
+        ("/v1/check", r#"{"domain":"api","descriptors":[["user","x"]]}"#, 400, "descriptors[0]"),
+        ("/v1/check", r#"{"domain":"api","descriptors":[{"user":"x"}],"hits":-1}"#, 400, "hits"),
+        ("/v1/check", r#"{"descriptors":[]}"#, 400, ""),
+    ];
+    for (path, body, status, field) in cases {
+        let (st, _, v) = call(&c, "POST", url(path), body, None).await;
+        assert_eq!(st, *status, "{path} {body}: {v}");
+        assert!(v["error"].is_string(), "{v}");
+        if !field.is_empty() {
+            assert_eq!(v["field"], *field, "{path} {body}: {v}");
+        }
+    }
+    let big = format!(r#"{{"domain":"api","descriptors":[{{"user":"{}"}}]}}"#, "x".repeat(10_000));
+    let (st, _, v) = call(&c, "POST", url("/v1/check"), &big, None).await;
+    assert_eq!(st, 413, "{v}");
+    let (st, _, _) = call(&c, "GET", url("/json"), "", None).await;
+    assert_eq!(st, 405);
+    let (st, _, v) = call(&c, "GET", url("/nope"), "", None).await;
+    assert_eq!(st, 404);
+    assert!(v["error"].is_string());
+    let resp = c
+        .request(
+            hyper::Request::post(url("/json"))
+                .header("content-type", "application/xml")
+                .body(Full::new(Bytes::from("<x/>")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+
+    // Health, readiness, metrics.
+    assert_eq!(call(&c, "GET", url("/healthz"), "", None).await.0, 200);
+    assert_eq!(call(&c, "GET", url("/healthcheck"), "", None).await.0, 200);
+    let (st, _, v) = call(&c, "GET", url("/readyz"), "", None).await;
+    assert_eq!(st, 200);
+    assert_eq!((v["ready"].as_bool(), v["rules"]["rules"].as_u64()), (Some(true), Some(5)));
+    let (st, _, v) = call(&c, "GET", url("/metrics"), "", None).await;
+    assert_eq!(st, 200);
+    let text = v.as_str().unwrap();
+    assert!(text.contains(r#"floodgate_decisions_total{domain="api",rule="per_user",result="ok"} 1"#), "{text}");
+    assert!(text.contains(r#"floodgate_requests_total{protocol="json",result="over_limit"} 1"#), "{text}");
+    assert!(text.contains("floodgate_request_duration_seconds_bucket"), "{text}");
+    assert!(!text.contains("carol"), "client values never become labels");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_api_needs_its_token_and_manages_overrides() {
+    let s = Server::start("admin", Some("s3cret")).await;
+    let c = http();
+    let url = |p: &str| format!("http://{}{p}", s.admin);
+    for token in [None, Some("wrong")] {
+        let (st, h, v) = call(&c, "GET", url("/admin/v1/rules"), "", token).await;
+        assert_eq!(st, 401, "{v}");
+        assert_eq!(h["www-authenticate"], "Bearer");
+    }
+    let auth = Some("s3cret");
+    let (st, _, v) = call(&c, "GET", url("/admin/v1/rules"), "", auth).await;
+    assert_eq!(st, 200);
+    assert_eq!(v["domains"][0]["domain"], "api");
+    assert!(v["domains"][0]["rules"][0]["at"].as_str().unwrap().ends_with("api.yaml:5:17"), "{v}");
+
+    // An override of user=dave: 1 per hour instead of 3 per minute.
+    let set = r#"{"domain":"api","descriptor":[{"key":"user","value":"dave"}],"limits":{"unit":"hour","requests_per_unit":1}}"#;
+    let (st, _, v) = call(&c, "PUT", url("/admin/v1/overrides"), set, auth).await;
+    assert_eq!(st, 200, "{v}");
+    let mut g = s.grpc().await;
+    let dave = || req("api", vec![desc(&[("user", "dave")])], 1);
+    let r = ask(&mut g, dave()).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, Unit::Hour as i32);
+    assert_eq!(ask(&mut g, dave()).await.overall_code, Code::OverLimit as i32);
+    let (_, _, v) = call(&c, "GET", url("/admin/v1/overrides"), "", auth).await;
+    assert_eq!(v["overrides"].as_array().unwrap().len(), 1);
+    // Counters of one descriptor, read without taking anything.
+    let who = r#"{"domain":"api","descriptor":[{"key":"user","value":"dave"}]}"#;
+    let (st, _, v) = call(&c, "POST", url("/admin/v1/counters"), who, auth).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((v["limits"][0]["limit"].as_u64(), v["limits"][0]["remaining"].as_u64()), (Some(1), Some(0)));
+    // Bad overrides: the field and what is wrong.
+    let bad = r#"{"domain":"api","descriptor":[{"key":"user","value":"x"}],"limits":{"unit":"fortnight","requests_per_unit":1}}"#;
+    let (st, _, v) = call(&c, "PUT", url("/admin/v1/overrides"), bad, auth).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("fortnight"), "{v}");
+    let (st, _, v) = call(&c, "PUT", url("/admin/v1/overrides"), r#"{"domain":"api"}"#, auth).await;
+    assert_eq!(st, 400, "{v}");
+    // Delete: back to the file rule.
+    let (st, _, _) = call(&c, "DELETE", url("/admin/v1/overrides"), who, auth).await;
+    assert_eq!(st, 200);
+    let (st, _, _) = call(&c, "DELETE", url("/admin/v1/overrides"), who, auth).await;
+    assert_eq!(st, 404);
+    let r = ask(&mut g, dave()).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, Unit::Minute as i32);
+
+    // Reload: a bad edit is refused with every error and the rules stay.
+    fs::write(
+        s.dir.0.join("rules/api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n",
+    )
+    .unwrap();
+    let (st, _, v) = call(&c, "POST", url("/admin/v1/reload"), "", auth).await;
+    assert_eq!(st, 422, "{v}");
+    assert!(v["errors"][0].as_str().unwrap().contains("api.yaml:4"), "{v}");
+    let (_, _, v) = call(&c, "GET", format!("http://{}/readyz", s.http), "", None).await;
+    assert_eq!(v["ready"], true, "the last good rules still serve: {v}");
+    assert!(v["rules"]["last_error"].as_str().unwrap().contains("fortnight"), "{v}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn rules_reload_while_serving() {
+    let s = Server::start("reload", None).await;
+    let mut g = s.grpc().await;
+    let limit = |r: RateLimitResponse| r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
+    assert_eq!(limit(ask(&mut g, req("api", vec![desc(&[("user", "erin")])], 1)).await), Some(3));
+    fs::write(
+        s.dir.0.join("rules/api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 7}\n",
+    )
+    .unwrap();
+    eventually("the new limit serves", || {
+        let mut g = g.clone();
+        async move { limit(ask(&mut g, req("api", vec![desc(&[("user", "erin")])], 0)).await) == Some(7) }
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_finishes_requests_in_flight() {
+    let s = Server::start("shutdown", None).await;
+    let g = s.grpc().await;
+    // 32 clients keep requests in flight while the server is told to stop.
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let mut g = g.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut refused) = (0u32, 0u32);
+            for _ in 0..200 {
+                match g.should_rate_limit(req("api", vec![desc(&[("user", &format!("u{i}"))])], 0)).await {
+                    Ok(r) => {
+                        assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+                        ok += 1;
+                    }
+                    // After shutdown the connection is closed: the client is
+                    // refused cleanly, never handed a half answer.
+                    Err(e) => {
+                        assert!(matches!(e.code(), tonic::Code::Unavailable | tonic::Code::Unknown), "{e}");
+                        refused += 1;
+                        break;
+                    }
+                }
+            }
+            (ok, refused)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.stop().await;
+    let mut answered = 0;
+    for t in tasks {
+        answered += t.await.unwrap().0;
+    }
+    assert!(answered > 0);
+}
