@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use floodgate_core::StoreError;
 use floodgate_core::limiter::Verdict;
 use floodgate_core::rules::{FailureMode, Rule};
 
@@ -77,6 +78,8 @@ pub struct Metrics {
     requests: [[AtomicU64; 3]; 3],
     latency: [Histogram; 3],
     rules: RwLock<ByRule>,
+    /// Store errors by kind: full, unavailable.
+    store_errors: [AtomicU64; 2],
 }
 
 impl Metrics {
@@ -100,6 +103,13 @@ impl Metrics {
 
     /// Count one rule's verdict in `domain`.
     pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict) {
+        if let Some((e, _)) = &v.failure {
+            let kind = match e {
+                StoreError::Full { .. } => 0,
+                StoreError::Unavailable(_) => 1,
+            };
+            self.store_errors[kind].fetch_add(1, Relaxed);
+        }
         let label = rule.name.as_deref().unwrap_or(&rule.stats_key);
         let counters = {
             let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);

@@ -328,6 +328,8 @@ async fn json_endpoints_and_bad_input() {
     assert!(text.contains(r#"floodgate_decisions_total{domain="api",rule="per_user",result="ok"} 1"#), "{text}");
     assert!(text.contains(r#"floodgate_requests_total{protocol="json",result="over_limit"} 1"#), "{text}");
     assert!(text.contains("floodgate_request_duration_seconds_bucket"), "{text}");
+    assert!(text.contains(r#"floodgate_store_errors_total{kind="unavailable"} 0"#), "{text}");
+    assert!(text.contains("floodgate_config_reloads_total 0"), "{text}");
     assert!(!text.contains("carol"), "client values never become labels");
     s.stop().await;
 }
