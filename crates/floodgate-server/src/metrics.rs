@@ -162,6 +162,14 @@ impl Metrics {
             let _ = writeln!(out, "floodgate_request_duration_seconds_count{{protocol=\"{p}\"}} {count}");
         }
         out.push_str(
+            "# HELP floodgate_store_errors_total Store calls that failed (the rule's failure policy decided).\n",
+        );
+        out.push_str("# TYPE floodgate_store_errors_total counter\n");
+        for (i, kind) in ["full", "unavailable"].iter().enumerate() {
+            let v = self.store_errors[i].load(Relaxed);
+            let _ = writeln!(out, "floodgate_store_errors_total{{kind=\"{kind}\"}} {v}");
+        }
+        out.push_str(
             "# HELP floodgate_decisions_total Decisions by domain, rule (name, else descriptor path) and result.\n",
         );
         out.push_str("# TYPE floodgate_decisions_total counter\n");
