@@ -53,6 +53,10 @@ pub struct Config {
     pub body_limit: usize,
     /// How long shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// gRPC on dedicated single-threaded runtimes, one per thread, each
+    /// serving the connections handed to it round-robin (no work stealing,
+    /// no cross-thread wake-ups); 0 serves gRPC on the shared runtime.
+    pub grpc_threads: usize,
 }
 
 impl Default for Config {
@@ -69,6 +73,7 @@ impl Default for Config {
             watch: true,
             body_limit: http::DEFAULT_BODY_LIMIT,
             shutdown_grace: Duration::from_secs(10),
+            grpc_threads: 0,
         }
     }
 }
@@ -92,6 +97,75 @@ pub enum ServeError {
     /// A server failed while running (exit 2).
     #[error("{0}")]
     Runtime(String),
+}
+
+/// Resolves once `rx` reads true (shutdown).
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
+
+/// gRPC on `n` single-threaded runtimes: this task accepts and hands each
+/// connection to the next runtime in turn; each serves its connections
+/// alone. Returns when every runtime has drained after shutdown.
+async fn per_thread_grpc(
+    n: usize,
+    listener: TcpListener,
+    service: Arc<Service<MemoryStore>>,
+    health: Health,
+    headers: HeaderMode,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let mut senders = Vec::with_capacity(n);
+    let mut done = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<std::net::TcpStream>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+        let (service, health, stop) = (service.clone(), health.clone(), stop.clone());
+        let thread = std::thread::Builder::new().name(format!("grpc-{i}")).spawn(move || {
+            let result = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(async move {
+                    let incoming = tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                        tokio::net::TcpStream::from_std,
+                    );
+                    tonic::transport::Server::builder()
+                        .add_service(health)
+                        .add_service(Rls::server(service, headers))
+                        .serve_with_incoming_shutdown(incoming, stopped(stop))
+                        .await
+                        .map_err(|e| e.to_string())
+                }),
+                Err(e) => Err(format!("cannot start gRPC runtime {i}: {e}")),
+            };
+            let _ = done_tx.send(result);
+        });
+        thread.map_err(|e| format!("cannot start gRPC thread {i}: {e}"))?;
+        senders.push(tx);
+        done.push(done_rx);
+    }
+    let mut next = 0;
+    loop {
+        tokio::select! {
+            () = stopped(stop.clone()) => break,
+            accepted = listener.accept() => {
+                // A failed accept (e.g. out of descriptors) drops that one
+                // connection; the listener keeps serving.
+                let Ok((conn, _)) = accepted else { continue };
+                let _ = conn.set_nodelay(true);
+                let Ok(conn) = conn.into_std() else { continue };
+                let _ = senders[next % n].send(conn);
+                next += 1;
+            }
+        }
+    }
+    drop(listener);
+    drop(senders);
+    for d in done {
+        d.await.map_err(|_| "a gRPC runtime stopped unexpectedly".to_owned())??;
+    }
+    Ok(())
 }
 
 /// Loaded and validated, not yet bound.
@@ -201,22 +275,36 @@ impl Bound {
         };
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
 
-        let (health, health_service) = tonic_health::server::health_reporter();
+        let health = tonic_health::server::HealthReporter::new();
+        let health_service: Health = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(health.clone()),
+        );
         health.set_service_status("", tonic_health::ServingStatus::Serving).await;
         health
             .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
             .await;
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-        let grpc_task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(health_service)
-                .add_service(Rls::server(service.clone(), config.headers))
-                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
-        );
+        let (service_for_grpc, grpc_stop) = (service.clone(), stop_rx.clone());
+        let grpc_task = if config.grpc_threads == 0 {
+            let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+            tokio::spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(health_service)
+                    .add_service(Rls::server(service_for_grpc, config.headers))
+                    .serve_with_incoming_shutdown(incoming, stopped(grpc_stop))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        } else {
+            tokio::spawn(per_thread_grpc(
+                config.grpc_threads,
+                grpc,
+                service_for_grpc,
+                health_service,
+                config.headers,
+                grpc_stop,
+            ))
+        };
         let http_state =
             Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
         let http_task = tokio::spawn(

@@ -187,7 +187,7 @@ impl<S: Store> Service<S> {
         let domain = req.domain.as_str();
         let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
         let overrides = self.overrides_of(req);
-        let inline: Vec<Option<Rule>> = req.descriptors.iter().map(|d| inline_rule(&rules, domain, d)).collect();
+        let inline = inline_rules(&rules, req);
         let mut out = Vec::new();
         for (_, key, rule) in plan(req, &matched, &overrides, &inline) {
             if let Some(limit) = &rule.limit
@@ -212,7 +212,7 @@ impl<S: Store> Service<S> {
         let domain = req.domain.as_str();
         let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
         let overrides = self.overrides_of(req);
-        let inline: Vec<Option<Rule>> = req.descriptors.iter().map(|d| inline_rule(&rules, domain, d)).collect();
+        let inline = inline_rules(&rules, req);
         let planned = plan(req, &matched, &overrides, &inline);
         let default_hits = req.hits_addend.max(1);
         let checks: Vec<RuleCheck<'_>> = planned
@@ -261,7 +261,7 @@ fn plan<'a>(
     let domain = req.domain.as_str();
     let mut out = Vec::with_capacity(req.descriptors.len());
     for (d, desc) in req.descriptors.iter().enumerate() {
-        if let Some(rule) = &inline[d] {
+        if let Some(Some(rule)) = inline.get(d) {
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
             out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
         } else if let Some(Some(o)) = overrides.get(d) {
@@ -271,6 +271,15 @@ fn plan<'a>(
         }
     }
     out
+}
+
+/// The rules of request-carried limits, one per descriptor (empty when no
+/// descriptor carries one: the common case costs nothing).
+fn inline_rules(rules: &RuleSet, req: &Request) -> Vec<Option<Rule>> {
+    if req.descriptors.iter().all(|d| d.limit.is_none()) {
+        return Vec::new();
+    }
+    req.descriptors.iter().map(|d| inline_rule(rules, &req.domain, d)).collect()
 }
 
 /// The rule for a descriptor that carries its own limit (envoy's descriptor

@@ -69,6 +69,10 @@ struct Server {
 
 impl Server {
     async fn start(name: &str, token: Option<&str>) -> Server {
+        Self::start_with(name, token, 0).await
+    }
+
+    async fn start_with(name: &str, token: Option<&str>, grpc_threads: usize) -> Server {
         let dir = TempDir::new(name);
         fs::write(dir.0.join("rules/api.yaml"), RULES).unwrap();
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -80,6 +84,7 @@ impl Server {
             admin_token: token.map(str::to_owned),
             overrides_file: Some(dir.0.join("overrides.redb")),
             body_limit: 4096,
+            grpc_threads,
             ..Config::default()
         };
         let bound = prepare(config).unwrap().bind().await.unwrap();
@@ -417,7 +422,28 @@ async fn rules_reload_while_serving() {
 
 #[tokio::test]
 async fn shutdown_finishes_requests_in_flight() {
-    let s = Server::start("shutdown", None).await;
+    shutdown_with(0).await;
+}
+
+#[tokio::test]
+async fn per_thread_grpc_runtimes_serve_and_shut_down() {
+    let s = Server::start_with("threads", None, 2).await;
+    // Several connections land on both runtimes; each answers from the one store.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(s.grpc().await);
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let r = ask(c, req("api", vec![desc(&[("user", "shared")])], 1)).await;
+        let expected = if i < 3 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(r.overall_code, expected as i32, "request {i}");
+    }
+    s.stop().await;
+    shutdown_with(2).await;
+}
+
+async fn shutdown_with(grpc_threads: usize) {
+    let s = Server::start_with(&format!("shutdown{grpc_threads}"), None, grpc_threads).await;
     let g = s.grpc().await;
     // 32 clients keep requests in flight while the server is told to stop.
     let mut tasks = Vec::new();

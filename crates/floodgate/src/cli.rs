@@ -84,6 +84,10 @@ pub(crate) struct ServeArgs {
     /// Worker threads (default: one per core).
     #[arg(long, env = "FLOODGATE_WORKERS")]
     pub(crate) workers: Option<usize>,
+    /// Serve gRPC on this many single-threaded runtimes, connections handed
+    /// out round-robin (0: on the shared runtime).
+    #[arg(long, env = "FLOODGATE_GRPC_THREADS", default_value_t = 0)]
+    pub(crate) grpc_threads: usize,
 }
 
 #[derive(Debug, Args)]

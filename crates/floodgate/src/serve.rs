@@ -55,6 +55,7 @@ fn config(args: &ServeArgs) -> Result<Config, Failure> {
         watch: !args.no_watch,
         body_limit: args.body_limit,
         shutdown_grace: grace,
+        grpc_threads: args.grpc_threads,
     })
 }
 
