@@ -85,9 +85,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "FLOODGATE_WORKERS")]
     pub(crate) workers: Option<usize>,
     /// Serve gRPC on this many single-threaded runtimes, connections handed
-    /// out round-robin (0: on the shared runtime).
-    #[arg(long, env = "FLOODGATE_GRPC_THREADS", default_value_t = 0)]
-    pub(crate) grpc_threads: usize,
+    /// out round-robin (default: one per core; 0: on the shared runtime).
+    #[arg(long, env = "FLOODGATE_GRPC_THREADS")]
+    pub(crate) grpc_threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -55,7 +55,9 @@ fn config(args: &ServeArgs) -> Result<Config, Failure> {
         watch: !args.no_watch,
         body_limit: args.body_limit,
         shutdown_grace: grace,
-        grpc_threads: args.grpc_threads,
+        grpc_threads: args
+            .grpc_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),
     })
 }
 
