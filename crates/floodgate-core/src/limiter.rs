@@ -53,16 +53,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The verdict the rate-limit headers describe: the limit with the least
-    /// `remaining` (ties: the longest reset), among those that deny if any
-    /// do. `None` when no limited rule applied.
+    /// The decision the rate-limit headers describe: that of
+    /// [`most_restrictive`] among all the verdicts. `None` when no limited
+    /// rule applied.
     pub fn headline(&self) -> Option<&Decision> {
-        let denying = self.verdicts.iter().any(Verdict::denies);
-        self.verdicts
-            .iter()
-            .filter(|v| !denying || v.denies())
-            .filter_map(|v| v.decision.as_ref())
-            .min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after.cmp(&a.reset_after)))
+        self.headline_index().and_then(|i| self.verdicts[i].decision.as_ref())
+    }
+
+    /// The index of the verdict [`Outcome::headline`] describes.
+    pub fn headline_index(&self) -> Option<usize> {
+        most_restrictive(&self.verdicts)
     }
 
     /// `Retry-After` for a denied request: the largest wait among the denying
@@ -78,6 +78,18 @@ impl Outcome {
         }
         Some(max)
     }
+}
+
+/// The position of the most restrictive of `verdicts`: a denying one if any
+/// deny, then the least `remaining`, then the longest reset (ties: the
+/// first). Verdicts without a decision (unlimited rules) are never chosen.
+pub fn most_restrictive<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<usize> {
+    verdicts
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.decision.map(|d| ((!v.denies(), d.remaining, std::cmp::Reverse(d.reset_after)), i)))
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, i)| i)
 }
 
 /// Decides requests against a store, with an in-memory store for rules whose

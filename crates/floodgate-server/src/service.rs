@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict};
+use floodgate_core::limiter::{Limiter, RuleCheck, Verdict, most_restrictive};
 use floodgate_core::rules::{RequestMatch, Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
@@ -227,24 +227,19 @@ impl<S: Store> Service<S> {
         for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
             self.metrics.verdict(domain, check.rule, verdict);
         }
+        // `plan` lists each descriptor's checks together, in descriptor order.
         let statuses = (0..req.descriptors.len())
             .map(|d| {
-                let mine = planned.iter().zip(checks.iter().zip(&outcome.verdicts)).filter(|((dd, _, _), _)| *dd == d);
-                let best = mine.map(|(_, cv)| cv).min_by(|(_, a), (_, b)| restrictive(a, b));
-                match best {
-                    Some((check, verdict)) => match (check.rule.limit.as_ref(), verdict.decision) {
-                        (Some(limit), Some(decision)) => DescriptorStatus {
-                            over_limit: verdict.denies(),
-                            limit: Some(LimitInfo::of(check.rule, limit)),
-                            decision: Some(decision),
-                        },
-                        _ => DescriptorStatus::default(),
-                    },
-                    None => DescriptorStatus::default(),
-                }
+                let mine = planned.partition_point(|p| p.0 < d)..planned.partition_point(|p| p.0 <= d);
+                let Some(i) = most_restrictive(&outcome.verdicts[mine.clone()]).map(|i| mine.start + i) else {
+                    return DescriptorStatus::default();
+                };
+                let verdict = &outcome.verdicts[i];
+                let (info, decision) = reported(&checks[i], verdict).unzip();
+                DescriptorStatus { over_limit: verdict.denies(), limit: info, decision }
             })
             .collect();
-        let headline = headline(&checks, &outcome);
+        let headline = outcome.headline_index().and_then(|i| reported(&checks[i], &outcome.verdicts[i]));
         Ok(Answer { allowed: outcome.allowed, statuses, headline, retry_after: outcome.retry_after() })
     }
 }
@@ -309,23 +304,8 @@ fn validate(req: &Request) -> Result<(), RequestError> {
     Ok(())
 }
 
-/// Order verdicts from most to least restrictive: denying first, then the
-/// least remaining, then the longest reset; unlimited last.
-fn restrictive(a: &Verdict, b: &Verdict) -> std::cmp::Ordering {
-    let key = |v: &Verdict| v.decision.map(|d| (!v.denies(), d.remaining, std::cmp::Reverse(d.reset_after)));
-    match (key(a), key(b)) {
-        (Some(x), Some(y)) => x.cmp(&y),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => std::cmp::Ordering::Equal,
-    }
-}
-
-fn headline(checks: &[RuleCheck<'_>], outcome: &Outcome) -> Option<(LimitInfo, Decision)> {
-    let best = outcome.headline()?;
-    checks.iter().zip(&outcome.verdicts).find_map(|(c, v)| {
-        let d = v.decision.as_ref()?;
-        let limit = c.rule.limit.as_ref()?;
-        std::ptr::eq(d, best).then(|| (LimitInfo::of(c.rule, limit), *d))
-    })
+/// The limit and decision a status or the headers report for one check
+/// (`None` for an unlimited rule).
+fn reported(check: &RuleCheck<'_>, verdict: &Verdict) -> Option<(LimitInfo, Decision)> {
+    Some((LimitInfo::of(check.rule, check.rule.limit.as_ref()?), verdict.decision?))
 }
