@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::Backend;
 use crate::http::{ApiError, body, error};
+use crate::json::parse;
 use crate::overrides::{Entry, OverrideError, OverrideSpec};
 use crate::service::{Descriptor, Request as RlRequest, Service};
 
@@ -77,15 +78,6 @@ async fn auth<S: Backend>(State(state): State<Arc<AdminState<S>>>, req: Request,
         }
     }
     next.run(req).await
-}
-
-fn parse<T: for<'a> Deserialize<'a>>(raw: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(raw);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        ApiError::new(StatusCode::BAD_REQUEST, &field, e.into_inner())
-    })
 }
 
 fn override_error(e: OverrideError) -> ApiError {
@@ -161,7 +153,7 @@ async fn set<S: Backend>(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let o = state.service.overrides().ok_or_else(no_overrides)?;
-    let spec: OverrideSpec = parse(&body(&headers, raw)?)?;
+    let spec: OverrideSpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let o = o.set(spec).map_err(override_error)?;
     let n = o.rules.len();
     Ok(axum::Json(json!({ "set": true, "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": n }))
@@ -181,7 +173,7 @@ async fn delete<S: Backend>(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let o = state.service.overrides().ok_or_else(no_overrides)?;
-    let d: DescriptorRef = parse(&body(&headers, raw)?)?;
+    let d: DescriptorRef = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let entries: Vec<(&str, &str)> = d.descriptor.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
     if o.delete(&d.domain, &entries).map_err(override_error)? {
         Ok(axum::Json(json!({ "deleted": true })).into_response())
@@ -195,7 +187,7 @@ async fn counters<S: Backend>(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let d: DescriptorRef = parse(&body(&headers, raw)?)?;
+    let d: DescriptorRef = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let req = RlRequest {
         domain: d.domain,
         hits_addend: 0,

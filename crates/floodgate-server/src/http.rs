@@ -69,6 +69,12 @@ impl ApiError {
     }
 }
 
+impl From<BadRequest> for ApiError {
+    fn from(e: BadRequest) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, field: e.field, message: e.message }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, axum::Json(json!({ "error": self.message, "field": self.field }))).into_response()
@@ -118,10 +124,6 @@ pub fn body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<
     })
 }
 
-fn bad(e: BadRequest) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, &e.field, e.message)
-}
-
 fn with_headers(mut resp: Response, hs: Vec<(&'static str, String)>) -> Response {
     for (k, v) in hs {
         if let Ok(v) = HeaderValue::from_str(&v) {
@@ -151,7 +153,7 @@ fn parsed<S: Backend>(
 ) -> Result<Request, ApiError> {
     r.map_err(|e| {
         state.service.metrics().request(protocol, None, std::time::Duration::ZERO);
-        bad(e)
+        ApiError::from(e)
     })
 }
 

@@ -30,14 +30,8 @@ pub struct BadRequest {
     pub message: String,
 }
 
-impl BadRequest {
-    /// The JSON error body: `{"error": ..., "field": ...}`.
-    pub fn to_json(&self) -> Value {
-        json!({ "error": self.message, "field": self.field })
-    }
-}
-
-fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
+/// Parse a JSON body; an error names the path of the offending field.
+pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
