@@ -106,6 +106,27 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 
 type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
 
+/// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
+async fn serve_grpc<I, IO, IE>(
+    incoming: I,
+    service: Arc<Service<MemoryStore>>,
+    health: Health,
+    headers: HeaderMode,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String>
+where
+    I: tokio_stream::Stream<Item = Result<IO, IE>>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(Rls::server(service, headers))
+        .serve_with_incoming_shutdown(incoming, stopped(stop))
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// gRPC on `n` single-threaded runtimes: this task accepts and hands each
 /// connection to the next runtime in turn; each serves its connections
 /// alone. Returns when every runtime has drained after shutdown.
@@ -130,12 +151,7 @@ async fn per_thread_grpc(
                         tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
                         tokio::net::TcpStream::from_std,
                     );
-                    tonic::transport::Server::builder()
-                        .add_service(health)
-                        .add_service(Rls::server(service, headers))
-                        .serve_with_incoming_shutdown(incoming, stopped(stop))
-                        .await
-                        .map_err(|e| e.to_string())
+                    serve_grpc(incoming, service, health, headers, stop).await
                 }),
                 Err(e) => Err(format!("cannot start gRPC runtime {i}: {e}")),
             };
@@ -287,14 +303,7 @@ impl Bound {
         let (service_for_grpc, grpc_stop) = (service.clone(), stop_rx.clone());
         let grpc_task = if config.grpc_threads == 0 {
             let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-            tokio::spawn(async move {
-                tonic::transport::Server::builder()
-                    .add_service(health_service)
-                    .add_service(Rls::server(service_for_grpc, config.headers))
-                    .serve_with_incoming_shutdown(incoming, stopped(grpc_stop))
-                    .await
-                    .map_err(|e| e.to_string())
-            })
+            tokio::spawn(serve_grpc(incoming, service_for_grpc, health_service, config.headers, grpc_stop))
         } else {
             tokio::spawn(per_thread_grpc(
                 config.grpc_threads,
