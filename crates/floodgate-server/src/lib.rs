@@ -12,7 +12,6 @@ pub mod json;
 pub mod metrics;
 pub mod overrides;
 pub mod reload;
-pub mod resolve;
 pub mod serve;
 pub mod service;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, RuleCheck, Verdict, most_restrictive};
-use floodgate_core::rules::{RequestMatch, Rule, RuleSet, Unit, counter_key};
+use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
 use crate::metrics::{Metrics, Protocol};
@@ -182,14 +182,9 @@ impl<S: Store> Service<S> {
     /// The current counters of every limit applying to the request's
     /// descriptors, taking nothing (each limit peeked with 0 hits).
     pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
-        validate(req)?;
-        let rules = self.rules.current();
-        let domain = req.domain.as_str();
-        let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
-        let overrides = self.overrides_of(req);
-        let inline = inline_rules(&rules, req);
+        let sources = self.sources(req)?;
         let mut out = Vec::new();
-        for (_, key, rule) in plan(req, &matched, &overrides, &inline) {
+        for (_, key, rule) in plan(req, &sources) {
             if let Some(limit) = &rule.limit
                 && let Ok(d) = self.limiter.store().apply(&key, limit, 0).await
             {
@@ -199,21 +194,21 @@ impl<S: Store> Service<S> {
         Ok(out)
     }
 
-    fn overrides_of(&self, req: &Request) -> Vec<Option<Arc<Override>>> {
-        match self.overrides.as_deref() {
+    /// Validate `req` and gather what its descriptors resolve against.
+    fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
+        validate(req)?;
+        let rules = self.rules.current();
+        let overrides = match self.overrides.as_deref() {
             Some(o) if !o.is_empty() => req.descriptors.iter().map(|d| o.get(&req.domain, &d.entries)).collect(),
             _ => Vec::new(),
-        }
+        };
+        let inline = inline_rules(&rules, req);
+        Ok(Sources { rules, overrides, inline })
     }
 
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
-        validate(req)?;
-        let rules = self.rules.current();
-        let domain = req.domain.as_str();
-        let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
-        let overrides = self.overrides_of(req);
-        let inline = inline_rules(&rules, req);
-        let planned = plan(req, &matched, &overrides, &inline);
+        let sources = self.sources(req)?;
+        let planned = plan(req, &sources);
         let default_hits = req.hits_addend.max(1);
         let checks: Vec<RuleCheck<'_>> = planned
             .iter()
@@ -225,7 +220,7 @@ impl<S: Store> Service<S> {
             .collect();
         let outcome = self.limiter.check(&checks).await;
         for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
-            self.metrics.verdict(domain, check.rule, verdict);
+            self.metrics.verdict(&req.domain, check.rule, verdict);
         }
         // `plan` lists each descriptor's checks together, in descriptor order.
         let statuses = (0..req.descriptors.len())
@@ -244,16 +239,23 @@ impl<S: Store> Service<S> {
     }
 }
 
-/// The `(descriptor index, counter key, rule)` of every limit that applies:
-/// a request-carried limit, else an override of the exact descriptor, else
-/// the files' match with `replaces` applied.
-fn plan<'a>(
-    req: &Request,
-    matched: &'a RequestMatch<'a>,
-    overrides: &'a [Option<Arc<Override>>],
-    inline: &'a [Option<Rule>],
-) -> Vec<(usize, String, &'a Rule)> {
+/// What a request's descriptors resolve against: the rules in use, the
+/// overrides of its exact descriptors and the limits it carries (each empty
+/// when none apply).
+struct Sources {
+    rules: Arc<RuleSet>,
+    overrides: Vec<Option<Arc<Override>>>,
+    inline: Vec<Option<Rule>>,
+}
+
+/// The `(descriptor index, counter key, rule)` of every limit that applies,
+/// grouped by descriptor in order: a request-carried limit, else an override
+/// of the exact descriptor (it takes precedence over the files), else the
+/// files' match with `replaces` applied across the request.
+fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule)> {
+    let Sources { rules, overrides, inline } = sources;
     let domain = req.domain.as_str();
+    let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
     let mut out = Vec::with_capacity(req.descriptors.len());
     for (d, desc) in req.descriptors.iter().enumerate() {
         if let Some(Some(rule)) = inline.get(d) {

@@ -88,36 +88,61 @@ fn invalid_overrides_are_refused_and_change_nothing() {
 
 #[test]
 fn an_override_takes_precedence_over_the_files() {
-    use floodgate_core::rules::RuleSet;
-    use floodgate_server::resolve::{Resolved, resolve};
+    use std::sync::Arc;
+
+    use floodgate_core::MemoryStore;
+    use floodgate_core::limiter::Limiter;
+    use floodgate_core::rules::LoadOptions;
+    use floodgate_server::metrics::Metrics;
+    use floodgate_server::reload::Rules;
+    use floodgate_server::service::{Descriptor, Request, Service};
+
     let dir = TempDir::new("precedence");
-    let o = Overrides::open(dir.0.join("o.redb")).unwrap();
-    let rules = RuleSet::from_yaml(
-        "api.yaml",
+    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
+    std::fs::write(
+        dir.0.join("rules/api.yaml"),
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
     )
     .unwrap();
-    let limit = |r: &Resolved<'_>| r.rules()[0].limit.as_ref().unwrap().limit();
-    let before = resolve(&rules, &o, "api", &[("user", "alice")]).unwrap();
-    assert!(matches!(before, Resolved::File(_)));
-    assert_eq!(limit(&before), 10);
+    let o = Arc::new(Overrides::open(dir.0.join("o.redb")).unwrap());
+    let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
+    let limiter = Limiter::new(MemoryStore::new(), MemoryStore::new());
+    let service = Service::new(rules, Some(o.clone()), limiter, Arc::new(Metrics::new()));
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    // The (counter key, limit) of every limit applying to one descriptor.
+    let resolve = |k: &str, v: &str| -> Vec<(String, u64)> {
+        let req = Request {
+            domain: "api".into(),
+            descriptors: vec![Descriptor { entries: vec![(k.into(), v.into())], ..Descriptor::default() }],
+            hits_addend: 0,
+        };
+        rt.block_on(service.peek(&req))
+            .unwrap()
+            .into_iter()
+            .map(|(key, info, _)| (key, info.requests_per_unit))
+            .collect()
+    };
+    let before = resolve("user", "alice");
+    assert_eq!(before.len(), 1);
+    assert!(!before[0].0.contains("@override"), "from the files: {before:?}");
+    assert_eq!(before[0].1, 10);
     o.set(spec("alice", json!({"unit": "minute", "requests_per_unit": 1000}))).unwrap();
-    let after = resolve(&rules, &o, "api", &[("user", "alice")]).unwrap();
-    assert!(matches!(after, Resolved::Override(_)));
-    assert_eq!(limit(&after), 1000);
-    assert_ne!(after.counter_key(0), before.counter_key(0));
+    let after = resolve("user", "alice");
+    assert!(after[0].0.contains("@override"), "from the override: {after:?}");
+    assert_eq!(after[0].1, 1000);
+    assert_ne!(after[0].0, before[0].0);
     // Other users still get the file's rule; a descriptor no file matches can
     // still be overridden.
-    assert_eq!(limit(&resolve(&rules, &o, "api", &[("user", "bob")]).unwrap()), 10);
-    assert!(resolve(&rules, &o, "api", &[("ip", "1.2.3.4")]).is_none());
+    assert_eq!(resolve("user", "bob")[0].1, 10);
+    assert!(resolve("ip", "1.2.3.4").is_empty());
     o.set(OverrideSpec {
         descriptor: vec![Entry { key: "ip".into(), value: "1.2.3.4".into() }],
         ..spec("x", json!({"unit": "second", "requests_per_unit": 0}))
     })
     .unwrap();
-    assert_eq!(limit(&resolve(&rules, &o, "api", &[("ip", "1.2.3.4")]).unwrap()), 0);
+    assert_eq!(resolve("ip", "1.2.3.4")[0].1, 0);
     o.delete("api", &[("user", "alice")]).unwrap();
-    assert_eq!(limit(&resolve(&rules, &o, "api", &[("user", "alice")]).unwrap()), 10);
+    assert_eq!(resolve("user", "alice")[0].1, 10);
 }
 
 /// Run as a child process by `a_crash_mid_write_loses_nothing_acknowledged`:

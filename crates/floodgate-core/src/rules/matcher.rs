@@ -97,7 +97,7 @@ pub struct RequestMatch<'a> {
     replaced: Vec<&'a str>,
 }
 
-impl RequestMatch<'_> {
+impl<'a> RequestMatch<'a> {
     /// Whether `rule` is replaced by another rule of this request.
     pub fn is_replaced(&self, rule: &Rule) -> bool {
         rule.name.as_deref().is_some_and(|n| self.replaced.contains(&n))
@@ -105,7 +105,7 @@ impl RequestMatch<'_> {
 
     /// The rules that apply to descriptor `d`, with their index (for
     /// [`Match::counter_key`]).
-    pub fn applicable(&self, d: usize) -> impl Iterator<Item = (usize, &Rule)> {
+    pub fn applicable(&self, d: usize) -> impl Iterator<Item = (usize, &'a Rule)> + '_ {
         self.descriptors
             .get(d)
             .and_then(Option::as_ref)
