@@ -2,28 +2,15 @@
 //! durable across a crash mid-write.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use floodgate_server::overrides::{Entry, OverrideError, OverrideSpec, Overrides};
 use serde_json::json;
 
-struct TempDir(PathBuf);
+#[path = "../../floodgate/tests/common/mod.rs"]
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("floodgate-overrides-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 fn spec(user: &str, limits: serde_json::Value) -> OverrideSpec {
     OverrideSpec { domain: "api".into(), descriptor: vec![Entry { key: "user".into(), value: user.into() }], limits }

@@ -1,7 +1,7 @@
 //! Hot reload with real files being rewritten, renamed and deleted.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,26 +9,10 @@ use floodgate_core::rules::LoadOptions;
 use floodgate_core::{ManualClock, MemoryStore};
 use floodgate_server::reload::{Rules, WatchOptions, watch};
 
-struct TempDir(PathBuf);
+#[path = "../../floodgate/tests/common/mod.rs"]
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("floodgate-reload-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 fn rules_file(domain: &str, limit: u32) -> String {
     format!(

@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -24,22 +23,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-struct TempDir(PathBuf);
+#[path = "../../floodgate/tests/common/mod.rs"]
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("floodgate-e2e-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(dir.join("rules")).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 const RULES: &str = r#"
 domain: api
@@ -74,7 +61,7 @@ impl Server {
 
     async fn start_with(name: &str, token: Option<&str>, grpc_threads: usize) -> Server {
         let dir = TempDir::new(name);
-        fs::write(dir.0.join("rules/api.yaml"), RULES).unwrap();
+        dir.write("rules/api.yaml", RULES);
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let config = Config {
             rules_dir: dir.0.join("rules"),

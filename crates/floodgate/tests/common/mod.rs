@@ -1,4 +1,5 @@
-//! Helpers shared by the CLI tests.
+//! Helpers shared by the tests of the `floodgate` and `floodgate-server`
+//! crates (the server's include this file by path).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -10,12 +11,18 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("floodgate-cli-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("floodgate-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
 
+    /// `name` inside the directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Write `name` (creating its parent directories).
     pub fn write(&self, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
         let path = self.0.join(name);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
