@@ -1,0 +1,43 @@
+-- fixed_window.lua: count per epoch-aligned window.
+-- State: the string "<window id> <count>", expiring at the window's end.
+-- apply(key, limit, window, _, hits, now) -> allowed, remaining, reset, retry, delay
+--   allow iff count + hits <= limit (hits = 0: a peek, always allowed).
+-- refund(key, limit, window, _, hits, at, now): give back hits admitted at
+--   `at`, if its window is still the current one.
+
+ALG.fw = {}
+
+function ALG.fw.apply(key, l, w, _, hits, now)
+  local s = numbers(key, 2)
+  local id, count = 0, 0
+  if s then id, count = s[1], s[2] end
+  local wid, e = divmod(now, w)
+  if wid < id then wid = id; e = 0 end
+  local moved = false
+  if wid ~= id then id = wid; count = 0; moved = s ~= nil end
+  local until_end = w - e
+  if hits == 0 or hits <= l - count then
+    count = count + hits
+    if hits > 0 or moved then put(key, int(id) .. ' ' .. int(count), until_end) end
+    local reset = 0
+    if count > 0 then reset = until_end end
+    return true, l - count, reset, -1, 0
+  end
+  local reset, retry = 0, -1
+  if count > 0 then reset = until_end end
+  if hits <= l then retry = until_end end
+  -- The window moved on: keep that (it is the same state), so a clock
+  -- that steps back later sees what the memory store sees.
+  if moved then put(key, int(id) .. ' 0', until_end) end
+  return false, math.max(l - count, 0), reset, retry, 0
+end
+
+function ALG.fw.refund(key, l, w, _, hits, at, now)
+  local s = numbers(key, 2)
+  if not s then return end
+  local id, count = s[1], s[2]
+  if divmod(at, w) ~= id then return end
+  count = count - math.min(hits, count)
+  local wid, e = divmod(math.max(now, at), w)
+  put(key, int(id) .. ' ' .. int(count), (id - wid) * w + w - e)
+end

@@ -1,0 +1,92 @@
+-- lib.lua: exact integer arithmetic on Lua numbers, and state I/O shared by
+-- every algorithm. The store concatenates lib.lua, one file per algorithm
+-- and entry.lua (last) into the one script it loads; see entry.lua for the
+-- KEYS/ARGV contract of that script.
+--
+-- Lua numbers are IEEE doubles: exact for integers below 2^53 only. Every
+-- value this code stores or returns (times in microseconds since the epoch,
+-- counts, limits <= 2^53 - 1, windows <= 365 days) stays below 2^53; wider
+-- intermediates (limit * window, up to ~2^98) never appear as one number:
+-- products are split with muldivmod, and GCRA times are kept as a pair
+-- (whole microseconds, remainder in 1/limit microseconds), as the Rust code
+-- keeps them.
+
+local ALG = {}
+
+-- 2^52: a product below it is exact, and so is the sum of two such values.
+local P52 = 4503599627370496
+
+-- (a div m, a mod m) for integers 0 <= a < 2^53, 0 < m < 2^53. C's fmod is
+-- exact, so the remainder is; a - r is then an exact multiple of m.
+local function divmod(a, m)
+  local r = math.fmod(a, m)
+  return (a - r) / m, r
+end
+
+-- ((a * b + c) div m, (a * b + c) mod m) for integers a, b, c, m below
+-- 2^53 (m > 0) whose quotient is below 2^53, however wide a * b is: binary
+-- long multiplication of b by (a mod m), keeping the running value as
+-- (quotient, remainder < m) so that no intermediate reaches 2^53.
+local function muldivmod(a, b, c, m)
+  local p = a * b
+  if p < P52 and c < P52 then
+    return divmod(p + c, m)
+  end
+  local aq, ar = divmod(a, m)
+  local q, r = divmod(c, m)
+  q = q + aq * b
+  local bits, n, x = {}, 0, b
+  while x > 0 do
+    local bit = math.fmod(x, 2)
+    n = n + 1
+    bits[n] = bit
+    x = (x - bit) / 2
+  end
+  -- (pq, pr) = ar * (the bits of b seen so far), as quotient and remainder.
+  local pq, pr = 0, 0
+  for i = n, 1, -1 do
+    pq = pq * 2
+    if pr >= m - pr then pr = pr - (m - pr); pq = pq + 1 else pr = pr + pr end
+    if bits[i] == 1 then
+      if pr >= m - ar then pr = pr - (m - ar); pq = pq + 1 else pr = pr + ar end
+    end
+  end
+  q = q + pq
+  if r >= m - pr then r = r - (m - pr); q = q + 1 else r = r + pr end
+  return q, r
+end
+
+-- An integer as a decimal string, exactly (tostring keeps 14 digits only).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- Extra milliseconds on every expiry: entry.lua sets an hour when the
+-- caller gives the time (tests, replays), because Redis expires keys on its
+-- own clock, not on the given one.
+local TTL_SLACK_MS = 2
+
+-- Keep a string state for `ttl_us` microseconds (rounded down to whole
+-- milliseconds, plus the slack). A state whose wait is over is kept for
+-- the slack too, not deleted: after a clock step back it still counts.
+local function put(key, value, ttl_us)
+  redis.call('SET', key, value, 'PX', int(math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS))
+end
+
+-- Set a hash state's expiry the same way.
+local function expire(key, ttl_us)
+  redis.call('PEXPIRE', key, int(math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS))
+end
+
+-- The numbers of a space-separated string state, or nil.
+local function numbers(key, n)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  local out, i = {}, 0
+  for word in string.gmatch(v, '%d+') do
+    i = i + 1
+    out[i] = tonumber(word)
+  end
+  if i ~= n then return nil end
+  return out
+end

@@ -1,0 +1,22 @@
+//! floodgate's Redis and Redis Cluster store.
+//!
+//! Every algorithm runs inside Redis as Lua (`scripts/`, one file per
+//! algorithm with its contract at the top, composed into one script), with
+//! the same integer arithmetic as the in-memory store, so both give the same
+//! answers: one round trip and one atomic check-and-update per decision.
+//!
+//! ```no_run
+//! use floodgate_redis::{RedisConfig, RedisStore};
+//! let store = RedisStore::new(RedisConfig::new("redis://127.0.0.1:6379".parse()?))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod breaker;
+mod denied;
+pub mod script;
+mod store;
+mod target;
+pub mod testing;
+
+pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore};
+pub use target::{Target, TargetError};
