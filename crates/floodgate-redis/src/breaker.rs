@@ -22,7 +22,12 @@ pub(crate) struct Breaker {
 
 impl Breaker {
     pub(crate) fn new() -> Self {
-        Self { start: Instant::now(), failures: AtomicU32::new(0), probe_at: AtomicU64::new(0), trips: AtomicU64::new(0) }
+        Self {
+            start: Instant::now(),
+            failures: AtomicU32::new(0),
+            probe_at: AtomicU64::new(0),
+            trips: AtomicU64::new(0),
+        }
     }
 
     fn now(&self) -> u64 {

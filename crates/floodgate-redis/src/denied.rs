@@ -20,9 +20,12 @@ const SHARDS: usize = 16;
 /// caching until some expire (the cache only saves Redis calls).
 const SHARD_CAPACITY: usize = 8_192;
 
+/// Key -> (when the denial was asked for, the denial).
+type Shard = Mutex<HashMap<String, (Instant, Decision)>>;
+
 #[derive(Debug)]
 pub(crate) struct DeniedCache {
-    shards: Box<[Mutex<HashMap<String, (Instant, Decision)>>]>,
+    shards: Box<[Shard]>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -34,7 +37,7 @@ impl DeniedCache {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, (Instant, Decision)>> {
+    fn shard(&self, key: &str) -> &Shard {
         use std::hash::BuildHasher;
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }

@@ -74,13 +74,7 @@ pub(crate) fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
 }
 
 /// An `EVALSHA` (or, with `eval`, `EVAL`) of the script for `checks`.
-pub(crate) fn command(
-    eval: bool,
-    keys: &[String],
-    checks: &[&Check<'_>],
-    now_us: Option<u64>,
-    op: Op,
-) -> redis::Cmd {
+pub(crate) fn command(eval: bool, keys: &[String], checks: &[&Check<'_>], now_us: Option<u64>, op: Op) -> redis::Cmd {
     let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
     if eval {
         cmd.arg(SOURCE.as_str());
@@ -159,9 +153,6 @@ mod tests {
         assert!(b.starts_with("fg:{3:api|4:user5:alice}#1:"), "{b}");
         let c = redis_key("fg:", "3:api|4:user4:a#bc", &l);
         assert!(c.starts_with("fg:{3:api|4:user4:a#bc}:"), "a # in a value is kept: {c}");
-        assert_eq!(
-            redis::cluster_routing::Slot::for_key(&a),
-            redis::cluster_routing::Slot::for_key(&b)
-        );
+        assert_eq!(redis::cluster_routing::Slot::for_key(&a), redis::cluster_routing::Slot::for_key(&b));
     }
 }

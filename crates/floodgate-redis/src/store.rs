@@ -133,7 +133,7 @@ struct Inner {
 
 enum Client {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -167,13 +167,13 @@ impl RedisStore {
     pub fn new(config: RedisConfig) -> Result<Self, redis::RedisError> {
         let client = match &config.target {
             Target::Single(url) => Client::Single(redis::Client::open(url.as_str())?),
-            Target::Cluster(urls) => Client::Cluster(
+            Target::Cluster(urls) => Client::Cluster(Box::new(
                 redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
                     .connection_timeout(config.timeout)
                     .response_timeout(config.timeout)
                     .retries(2)
                     .build()?,
-            ),
+            )),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -233,9 +233,8 @@ impl RedisStore {
         let t = self.inner.config.timeout;
         let conn = match &self.inner.client {
             Client::Single(c) => {
-                let cfg = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(t))
-                    .set_response_timeout(Some(t));
+                let cfg =
+                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(t)).set_response_timeout(Some(t));
                 Conn::Single(c.get_multiplexed_async_connection_with_config(&cfg).await?)
             }
             Client::Cluster(c) => Conn::Cluster(c.get_async_connection().await?),
@@ -300,9 +299,14 @@ impl RedisStore {
         let cmd = script::command(false, keys, checks, now, op);
         let eval = script::command(true, keys, checks, now, op);
         let value = self.call(&cmd, Some(&eval)).await?;
-        let values: Vec<i64> = redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))?;
+        let values: Vec<i64> =
+            redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))?;
         if let Op::Refund(_) = op {
-            return Ok(Reply { now_us: values.first().copied().unwrap_or(0).max(0) as u64, denied: false, decisions: vec![] });
+            return Ok(Reply {
+                now_us: values.first().copied().unwrap_or(0).max(0) as u64,
+                denied: false,
+                decisions: vec![],
+            });
         }
         script::reply(&values, checks).map_err(CallError::Reply)
     }
@@ -322,13 +326,16 @@ impl RedisStore {
             return;
         }
         let i = &self.inner;
+        // The local over-limit cache works in real time: not for replays.
+        let cache = i.config.cache_denials && now.is_none();
         let now = self.now(now);
         let sent = Instant::now();
-        let keys: Vec<String> = checks.iter().map(|c| script::redis_key(&i.config.key_prefix, c.key, c.limit)).collect();
+        let keys: Vec<String> =
+            checks.iter().map(|c| script::redis_key(&i.config.key_prefix, c.key, c.limit)).collect();
 
         // Every check a one-hit request on a key known to be over its limit:
         // answer here.
-        if i.config.cache_denials && now.is_none() {
+        if cache {
             let cached: Option<Vec<Decision>> =
                 keys.iter().zip(checks).map(|(k, c)| if c.hits == 1 { i.denied.get(k, sent) } else { None }).collect();
             if let Some(cached) = cached {
@@ -381,10 +388,13 @@ impl RedisStore {
             match r {
                 Ok(r) => {
                     for (&j, d) in g.iter().zip(r.decisions) {
-                        if i.config.cache_denials && now.is_none() {
-                            if !d.allowed && checks[j].hits == 1 && checks[j].enforce {
-                                i.denied.put(&keys[j], sent, &d);
-                            }
+                        if i.config.cache_denials
+                            && now.is_none()
+                            && !d.allowed
+                            && checks[j].hits == 1
+                            && checks[j].enforce
+                        {
+                            i.denied.put(&keys[j], sent, &d);
                         }
                         out[j] = Ok(d);
                     }

@@ -16,7 +16,9 @@ pub enum Target {
 
 /// A store address that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid Redis address {given:?}: {why}; write redis://HOST:PORT[/DB] or redis+cluster://HOST:PORT[,HOST:PORT...]")]
+#[error(
+    "invalid Redis address {given:?}: {why}; write redis://HOST:PORT[/DB] or redis+cluster://HOST:PORT[,HOST:PORT...]"
+)]
 pub struct TargetError {
     given: String,
     why: String,
@@ -78,7 +80,10 @@ mod tests {
             "redis+cluster://a:7000, b:7001".parse(),
             Ok(Target::Cluster(vec!["redis://a:7000".into(), "redis://b:7001".into()]))
         );
-        assert_eq!("redis+cluster://a:7000,b:7001".parse::<Target>().unwrap().to_string(), "redis+cluster://a:7000,b:7001");
+        assert_eq!(
+            "redis+cluster://a:7000,b:7001".parse::<Target>().unwrap().to_string(),
+            "redis+cluster://a:7000,b:7001"
+        );
     }
 
     #[test]

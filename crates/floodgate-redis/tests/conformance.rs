@@ -158,15 +158,37 @@ async fn conformance(store: &impl AtStore, name: &str, traces: u64, steps: usize
             let got: Vec<Decision> = got.into_iter().map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}"))).collect();
             if std::env::var_os("FG_TRACE").is_some() {
                 for (c, d) in checks.iter().zip(&got) {
-                    eprintln!("{step} @{now} {} {:?} hits {} enforce {} -> {} rem {} reset {:?} retry {:?}", c.key, c.limit.algorithm(), c.hits, c.enforce, d.allowed, d.remaining, d.reset_after, d.retry_after);
+                    eprintln!(
+                        "{step} @{now} {} {:?} hits {} enforce {} -> {} rem {} reset {:?} retry {:?}",
+                        c.key,
+                        c.limit.algorithm(),
+                        c.hits,
+                        c.enforce,
+                        d.allowed,
+                        d.remaining,
+                        d.reset_after,
+                        d.retry_after
+                    );
                 }
             }
             if got != want {
                 let desc: Vec<String> = checks
                     .iter()
-                    .map(|c| format!("{} {:?} limit {} window {:?} hits {} enforce {}", c.key, c.limit.algorithm(), c.limit.limit(), c.limit.window(), c.hits, c.enforce))
+                    .map(|c| {
+                        format!(
+                            "{} {:?} limit {} window {:?} hits {} enforce {}",
+                            c.key,
+                            c.limit.algorithm(),
+                            c.limit.limit(),
+                            c.limit.window(),
+                            c.hits,
+                            c.enforce
+                        )
+                    })
                     .collect();
-                panic!("{name}: trace {seed} step {step} at {now}:\n  checks {desc:#?}\n  want {want:#?}\n  got {got:#?}");
+                panic!(
+                    "{name}: trace {seed} step {step} at {now}:\n  checks {desc:#?}\n  want {want:#?}\n  got {got:#?}"
+                );
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod overrides;
 pub mod reload;
 pub mod serve;
 pub mod service;
+pub mod store;
 
 use floodgate_core::{MemoryStore, Store, SystemClock};
 
@@ -21,6 +22,10 @@ use floodgate_core::{MemoryStore, Store, SystemClock};
 pub trait Backend: Store + std::fmt::Debug + 'static {
     /// Append the store's metrics in Prometheus text format.
     fn render_metrics(&self, out: &mut String);
+
+    /// Drop expired state held in this process (the in-memory store); a
+    /// no-op for stores that expire their own.
+    fn sweep(&self) {}
 }
 
 impl Backend for MemoryStore<SystemClock> {
@@ -47,5 +52,9 @@ impl Backend for MemoryStore<SystemClock> {
             "Approximate bytes held by the in-memory store.",
             self.memory_bytes(),
         );
+    }
+
+    fn sweep(&self) {
+        MemoryStore::sweep(self);
     }
 }

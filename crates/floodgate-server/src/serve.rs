@@ -16,9 +16,11 @@ use std::time::Duration;
 use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{MemoryStore, OnFull};
+use floodgate_redis::{RedisConfig, RedisStore};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::Backend;
 use crate::admin::{self, AdminState};
 use crate::grpc::Rls;
 use crate::headers::HeaderMode;
@@ -27,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::overrides::Overrides;
 use crate::reload::{Rules, WatchOptions, Watcher, watch};
 use crate::service::Service;
+use crate::store::ServerStore;
 
 /// Everything `serve` needs to know.
 #[derive(Debug, Clone)]
@@ -45,7 +48,9 @@ pub struct Config {
     pub headers: HeaderMode,
     /// Where runtime overrides persist; `None` disables them.
     pub overrides_file: Option<PathBuf>,
-    /// Bound on the in-memory store's keys.
+    /// The store: `None` for the in-memory store, or Redis.
+    pub redis: Option<RedisConfig>,
+    /// Bound on the in-memory store's keys (and on the `local` fallback's).
     pub max_keys: usize,
     /// Watch the rules directory and reload on change.
     pub watch: bool,
@@ -69,6 +74,7 @@ impl Default for Config {
             admin_token: None,
             headers: HeaderMode::default(),
             overrides_file: None,
+            redis: None,
             max_keys: floodgate_core::store::memory::DEFAULT_MAX_KEYS,
             watch: true,
             body_limit: http::DEFAULT_BODY_LIMIT,
@@ -109,7 +115,7 @@ type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server
 /// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
 async fn serve_grpc<I, IO, IE>(
     incoming: I,
-    service: Arc<Service<MemoryStore>>,
+    service: Arc<Service<ServerStore>>,
     health: Health,
     headers: HeaderMode,
     stop: watch::Receiver<bool>,
@@ -133,7 +139,7 @@ where
 async fn per_thread_grpc(
     n: usize,
     listener: TcpListener,
-    service: Arc<Service<MemoryStore>>,
+    service: Arc<Service<ServerStore>>,
     health: Health,
     headers: HeaderMode,
     stop: watch::Receiver<bool>,
@@ -188,7 +194,7 @@ async fn per_thread_grpc(
 #[derive(Debug)]
 pub struct Prepared {
     config: Config,
-    service: Arc<Service<MemoryStore>>,
+    service: Arc<Service<ServerStore>>,
 }
 
 /// Load the rules and overrides and check the settings; binds nothing.
@@ -222,7 +228,12 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
         }
         None => None,
     };
-    let store = MemoryStore::builder().max_keys(config.max_keys).on_full(OnFull::Evict).build();
+    let store = match &config.redis {
+        None => ServerStore::Memory(MemoryStore::builder().max_keys(config.max_keys).on_full(OnFull::Evict).build()),
+        Some(redis) => ServerStore::Redis(
+            RedisStore::new(redis.clone()).map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?,
+        ),
+    };
     let local = MemoryStore::builder().max_keys(config.max_keys).build();
     let service = Arc::new(Service::new(rules, overrides, Limiter::new(store, local), Arc::new(Metrics::new())));
     Ok(Prepared { config, service })
@@ -230,7 +241,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
 
 impl Prepared {
     /// The service (for tests and embedding).
-    pub fn service(&self) -> &Arc<Service<MemoryStore>> {
+    pub fn service(&self) -> &Arc<Service<ServerStore>> {
         &self.service
     }
 

@@ -57,9 +57,18 @@ pub(crate) struct ServeArgs {
     /// Bearer token every admin call must carry.
     #[arg(long, env = "FLOODGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
-    /// Where counters live: `memory` (this process).
+    /// Where counters live: `memory` (this process), `redis://HOST:PORT[/DB]`
+    /// (one Redis, shared by every instance), or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
     #[arg(long, env = "FLOODGATE_STORE", default_value = "memory")]
     pub(crate) store: String,
+    /// The longest a decision waits for Redis (connecting included) before
+    /// the rule's failure_mode decides.
+    #[arg(long, env = "FLOODGATE_REDIS_TIMEOUT", default_value = "100ms")]
+    pub(crate) redis_timeout: String,
+    /// Prefix of every Redis key floodgate writes.
+    #[arg(long, env = "FLOODGATE_REDIS_PREFIX", default_value = "fg:")]
+    pub(crate) redis_prefix: String,
     /// Bound on the in-memory store's keys (the oldest-expiring are evicted beyond it).
     #[arg(long, env = "FLOODGATE_MAX_KEYS", default_value_t = floodgate_core::store::memory::DEFAULT_MAX_KEYS)]
     pub(crate) max_keys: usize,

@@ -29,10 +29,23 @@ fn addr(flag: &str, s: &str) -> Result<SocketAddr, Failure> {
 }
 
 fn config(args: &ServeArgs) -> Result<Config, Failure> {
-    if args.store != "memory" {
-        let hint = if args.store.starts_with("redis") { " (the Redis store is not built yet)" } else { "" };
-        return Err(Failure::usage(format!("--store `{}`: use memory{hint}", args.store)));
-    }
+    let redis = match args.store.as_str() {
+        "memory" => None,
+        other => {
+            let target: floodgate_redis::Target = other
+                .parse()
+                .map_err(|e| Failure::usage(format!("--store `{other}`: use memory, or a Redis address: {e}")))?;
+            let timeout =
+                parse_duration(&args.redis_timeout).map_err(|e| Failure::usage(format!("--redis-timeout: {e}")))?;
+            if timeout.is_zero() {
+                return Err(Failure::usage("--redis-timeout: give a positive duration, e.g. 100ms"));
+            }
+            let mut c = floodgate_redis::RedisConfig::new(target);
+            c.timeout = timeout;
+            c.key_prefix.clone_from(&args.redis_prefix);
+            Some(c)
+        }
+    };
     let headers =
         args.response_headers.parse().map_err(|e: String| Failure::usage(format!("--response-headers: {e}")))?;
     let grace = parse_duration(&args.shutdown_grace).map_err(|e| Failure::usage(format!("--shutdown-grace: {e}")))?;
@@ -51,6 +64,7 @@ fn config(args: &ServeArgs) -> Result<Config, Failure> {
         admin_token: args.admin_token.clone(),
         headers,
         overrides_file,
+        redis,
         max_keys: args.max_keys,
         watch: !args.no_watch,
         body_limit: args.body_limit,

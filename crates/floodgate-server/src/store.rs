@@ -1,0 +1,102 @@
+//! The store `serve` runs on, chosen at start: the in-memory store or Redis
+//! (one server or a cluster). One enum, so the server is compiled once and
+//! each decision costs one branch to dispatch.
+
+use floodgate_core::{Check, Decision, Limit, MemoryStore, Store, StoreError};
+use floodgate_redis::RedisStore;
+
+use crate::Backend;
+use crate::metrics::gauge;
+
+/// The in-memory store or the Redis store.
+#[derive(Debug)]
+pub enum ServerStore {
+    /// This process's memory.
+    Memory(MemoryStore),
+    /// Redis or Redis Cluster, shared by every instance.
+    Redis(RedisStore),
+}
+
+impl Store for ServerStore {
+    async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
+        match self {
+            Self::Memory(s) => s.apply_sync(key, limit, hits),
+            Self::Redis(s) => s.apply(key, limit, hits).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(_) => Ok(()),
+            Self::Redis(s) => s.ping().await,
+        }
+    }
+
+    async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
+        match self {
+            Self::Memory(s) => s.apply_all(checks, out).await,
+            Self::Redis(s) => s.apply_all(checks, out).await,
+        }
+    }
+}
+
+impl Backend for ServerStore {
+    fn render_metrics(&self, out: &mut String) {
+        match self {
+            Self::Memory(s) => s.render_metrics(out),
+            Self::Redis(s) => {
+                let st = s.stats();
+                gauge(out, "floodgate_redis_calls_total", "counter", "Script calls made to Redis.", st.calls);
+                gauge(
+                    out,
+                    "floodgate_redis_errors_total",
+                    "counter",
+                    "Redis calls that failed (timed out, lost the connection, or errored).",
+                    st.errors,
+                );
+                gauge(out, "floodgate_redis_timeouts_total", "counter", "Redis calls that timed out.", st.timeouts);
+                gauge(
+                    out,
+                    "floodgate_redis_breaker_open",
+                    "gauge",
+                    "1 while the circuit breaker is open (Redis failing; decisions follow the failure policy at once).",
+                    u8::from(st.breaker_open),
+                );
+                gauge(
+                    out,
+                    "floodgate_redis_breaker_trips_total",
+                    "counter",
+                    "Times the circuit breaker opened.",
+                    st.breaker_trips,
+                );
+                gauge(
+                    out,
+                    "floodgate_redis_rejected_open_total",
+                    "counter",
+                    "Decisions not sent to Redis because the breaker was open.",
+                    st.rejected_open,
+                );
+                gauge(
+                    out,
+                    "floodgate_redis_cached_denials_total",
+                    "counter",
+                    "Denials answered from the local over-limit cache, without a Redis call.",
+                    st.cached_denials,
+                );
+                gauge(
+                    out,
+                    "floodgate_redis_cross_slot_refunds_total",
+                    "counter",
+                    "Refund calls after a request was denied in another Redis Cluster slot.",
+                    st.cross_slot_refunds,
+                );
+            }
+        }
+    }
+
+    fn sweep(&self) {
+        if let Self::Memory(s) = self {
+            s.sweep();
+        }
+    }
+}

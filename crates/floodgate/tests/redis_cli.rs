@@ -1,0 +1,231 @@
+//! `floodgate serve --store redis://…` through the real binary: several
+//! instances enforce one limit together, exactly, and a Redis that dies
+//! under load costs no hang and no panic: each rule's failure policy
+//! answers, and decisions are exact again once Redis is back.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use floodgate_redis::testing::RedisServer;
+use serde_json::Value;
+
+/// One domain per exact algorithm, each `LIMIT` per hour (a test finishes
+/// long before a gcra-family bucket refills one more unit: 72 s).
+const LIMIT: u64 = 50;
+
+fn rules() -> String {
+    let algorithms = [
+        ("fixed_window", ""),
+        ("sliding_log", ""),
+        ("sliding_buckets", "\n      granularity: 60"),
+        ("token_bucket", ""),
+        ("gcra", ""),
+        ("leaky_bucket", ""),
+    ];
+    algorithms
+        .iter()
+        .map(|(a, extra)| {
+            format!(
+                "domain: {a}\ndescriptors:\n  - key: user\n    rate_limit:\n      algorithm: {a}\n      window: 1h\n      requests_per_unit: {LIMIT}{extra}\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+const FAILURE_RULES: &str = "domain: open
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+---
+domain: closed
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000, failure_mode: closed}
+---
+domain: local
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 40, failure_mode: local, local_share: 0.5}
+";
+
+fn floodgate() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FLOODGATE_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let Output { status, stdout, stderr } = floodgate().args(args).output().unwrap();
+    (status.code(), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
+}
+
+/// A `floodgate serve` on the given store, on free ports.
+struct Served {
+    child: Child,
+    grpc: String,
+    http: String,
+    _dir: TempDir,
+}
+
+impl Served {
+    fn start(name: &str, rules: &str, store: &str) -> Served {
+        let dir = TempDir::new(name);
+        // One file per domain (a file holds one domain).
+        for (i, doc) in rules.split("---\n").enumerate() {
+            dir.write(&format!("rules/{i}.yaml"), doc);
+        }
+        let mut child = floodgate()
+            .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0", "--overrides-file", "none", "--store", store])
+            .args(["--redis-timeout", "200ms", "--config"])
+            .arg(dir.0.join("rules"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let serving = loop {
+            let line = lines.next().expect("serve logs that it is serving").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["fields"]["message"] == "floodgate serving" {
+                break v;
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
+        Served { grpc: field("grpc_addr"), http: field("http_addr"), child, _dir: dir }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `floodgate bench` against `server` for `duration`, one key; its report.
+fn bench(server: &str, protocol: &str, domain: &str, duration: &str, concurrency: &str) -> Value {
+    let (code, out, err) = run(&[
+        "bench",
+        "--server",
+        server,
+        "--protocol",
+        protocol,
+        "--domain",
+        domain,
+        "--duration",
+        duration,
+        "--warmup",
+        "0s",
+        "--concurrency",
+        concurrency,
+        "--connections",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn count(v: &Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap()
+}
+
+#[test]
+fn two_instances_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let rules = rules();
+    let a = Served::start("redis-a", &rules, &redis.url());
+    let b = Served::start("redis-b", &rules, &redis.url());
+    for domain in ["fixed_window", "sliding_log", "sliding_buckets", "token_bucket", "gcra", "leaky_bucket"] {
+        // Both instances hammer the same key at once, over both protocols.
+        let (ra, rb) = std::thread::scope(|s| {
+            let ja = s.spawn(|| bench(&a.grpc, "grpc", domain, "700ms", "16"));
+            let jb = s.spawn(|| bench(&b.http, "json", domain, "700ms", "16"));
+            (ja.join().unwrap(), jb.join().unwrap())
+        });
+        for r in [&ra, &rb] {
+            assert_eq!(count(r, "errors"), 0, "{domain}: {r}");
+        }
+        let allowed = count(&ra, "allowed") + count(&rb, "allowed");
+        let total = allowed + count(&ra, "denied") + count(&rb, "denied");
+        assert!(total > 2 * LIMIT, "{domain}: the test must offer more than the limit ({total} requests)");
+        assert_eq!(allowed, LIMIT, "{domain}: two instances admitted {allowed} of {total}, not exactly {LIMIT}");
+    }
+}
+
+/// `floodgate check` against `server`: (exit code, stdout).
+fn check(server: &str, domain: &str, user: &str) -> (Option<i32>, String) {
+    let (code, out, _) =
+        run(&["check", "--server", server, "--domain", domain, "--descriptor", &format!("user={user}")]);
+    (code, out)
+}
+
+#[test]
+fn a_dead_redis_gets_each_rules_failure_policy_then_exact_decisions_again() {
+    let mut redis = RedisServer::start();
+    let s = Served::start("redis-fail", FAILURE_RULES, &redis.url());
+    assert_eq!(check(&s.grpc, "closed", "u").0, Some(0), "Redis up: allowed");
+
+    // Load while Redis dies: no request may hang past the timeout (bench
+    // would report it in its max latency) and none errors.
+    let load = std::thread::spawn({
+        let grpc = s.grpc.clone();
+        move || bench(&grpc, "grpc", "open", "2s", "8")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    redis.kill();
+    let r = load.join().unwrap();
+    assert_eq!(count(&r, "errors"), 0, "{r}");
+    assert_eq!(count(&r, "denied"), 0, "failure_mode open allows: {r}");
+    let max_ms = r["latency_ms"]["max"].as_f64().unwrap();
+    assert!(max_ms < 1_000.0, "a request waited {max_ms} ms: longer than the timeout allows");
+
+    // Redis down: open allows, closed denies, local limits at its share.
+    assert_eq!(check(&s.grpc, "open", "u").0, Some(0));
+    assert_eq!(check(&s.grpc, "closed", "u").0, Some(1), "failure_mode closed denies");
+    let local: Vec<Option<i32>> = (0..22).map(|_| check(&s.grpc, "local", "u").0).collect();
+    assert_eq!(local.iter().filter(|c| **c == Some(0)).count(), 20, "local: 40 × 0.5 per instance: {local:?}");
+
+    let (code, ready) = http_get(&s.http, "/readyz");
+    assert_eq!(code, 503, "not ready while Redis is down: {ready}");
+    let (_, metrics) = http_get(&s.http, "/metrics");
+    assert!(metrics.contains("floodgate_redis_breaker_open 1"), "{metrics}");
+
+    // Redis back (empty): within 3 s decisions come from it again, exactly.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while check(&s.grpc, "closed", "probe").0 != Some(0) {
+        assert!(Instant::now() < deadline, "decisions did not recover within 10 s of Redis returning");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, _) = http_get(&s.http, "/readyz");
+    assert_eq!(code, 200);
+    // The local fallback is no longer used: a fresh key gets the full 40.
+    let allowed = (0..41).filter(|_| check(&s.grpc, "local", "fresh").0 == Some(0)).count();
+    assert_eq!(allowed, 40, "Redis decides again, with the whole limit");
+    let (_, metrics) = http_get(&s.http, "/metrics");
+    assert!(metrics.contains("floodgate_redis_breaker_open 0"), "{metrics}");
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
