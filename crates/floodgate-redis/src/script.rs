@@ -64,7 +64,7 @@ fn capacity(limit: &Limit) -> u64 {
 /// the hash tag (without a trailing `#<rule index>`, so the limits of one
 /// descriptor share a slot), then the limit's fingerprint (a changed limit
 /// starts a new counter, as in the memory store).
-pub(crate) fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
+pub fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
     let tag_len = match key.rfind('#') {
         Some(i) if i + 1 < key.len() && key[i + 1..].bytes().all(|b| b.is_ascii_digit()) => i,
         _ => key.len(),

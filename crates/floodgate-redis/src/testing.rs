@@ -161,6 +161,8 @@ impl RedisCluster {
                     "0",
                     "--cluster-port",
                     &bus,
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ])
             })
             .collect();
@@ -172,7 +174,34 @@ impl RedisCluster {
         assert!(out.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
         let cluster = Self { nodes };
         cluster.wait_until_ok();
+        cluster.wait_for_replicas();
         cluster
+    }
+
+    /// Wait (at most 30 s) until every live primary has a replica that has
+    /// everything written to it so far (replication is asynchronous).
+    pub fn wait_for_replicas(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let caught_up = |info: &str| {
+            let field = |name: &str| {
+                info.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
+            };
+            if field("role:") != "master" {
+                return true;
+            }
+            let offset = field("master_repl_offset:");
+            // slave0:ip=…,port=…,state=online,offset=N,lag=…
+            info.lines().filter(|l| l.starts_with("slave")).any(|l| {
+                l.contains("state=online") && l.split(',').any(|kv| kv.strip_prefix("offset=") == Some(offset.as_str()))
+            })
+        };
+        while Instant::now() < deadline {
+            if self.nodes.iter().filter(|n| n.child.is_some()).all(|n| caught_up(&n.cli(&["INFO", "replication"]))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster's replicas did not catch up within 30 s");
     }
 
     /// The `redis+cluster://` address of its nodes.

@@ -1,0 +1,210 @@
+//! The Redis store under concurrency and faults: exact under many racing
+//! tasks (one server and a cluster), bounded by its timeout when Redis
+//! hangs, fast while the breaker is open, back to exact when Redis returns
+//! (after a restart that lost the script, and after a cluster primary fails
+//! over), and the local over-limit cache.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_core::{Algorithm, LeakyMode, Limit, Store, StoreError};
+use floodgate_redis::testing::{RedisCluster, RedisServer};
+use floodgate_redis::{RedisConfig, RedisStore};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn store(url: &str, timeout: Duration) -> RedisStore {
+    let mut c = RedisConfig::new(url.parse().unwrap());
+    c.timeout = timeout;
+    RedisStore::new(c).unwrap()
+}
+
+fn exact_limits(n: u64) -> Vec<Limit> {
+    let hour = Duration::from_secs(3_600);
+    [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingBuckets { granularity: 60 },
+        Algorithm::TokenBucket { burst: None },
+        Algorithm::Gcra { burst: None },
+        Algorithm::LeakyBucket { burst: None, mode: LeakyMode::Meter },
+    ]
+    .into_iter()
+    .map(|a| Limit::new(a, n, hour).unwrap())
+    .collect()
+}
+
+/// 64 tasks race 10 requests each on one key per algorithm: exactly the
+/// limit is admitted.
+async fn race(store: RedisStore, tag: &str) {
+    let store = Arc::new(store);
+    for limit in exact_limits(100) {
+        let key = format!("{tag}/{:?}", limit.algorithm());
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (store, key, limit) = (store.clone(), key.clone(), limit.clone());
+                tokio::spawn(async move {
+                    let mut admitted = 0u64;
+                    for _ in 0..10 {
+                        admitted += u64::from(store.apply(&key, &limit, 1).await.unwrap().allowed);
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        assert_eq!(admitted, 100, "{tag} {:?}: 640 racing requests", limit.algorithm());
+    }
+}
+
+#[test]
+fn racing_tasks_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    runtime().block_on(race(store(&server.url(), Duration::from_secs(2)), "single"));
+}
+
+#[test]
+fn racing_tasks_admit_exactly_the_limit_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    runtime().block_on(race(store(&cluster.url(), Duration::from_secs(2)), "cluster"));
+}
+
+#[test]
+fn a_hung_redis_costs_the_timeout_then_microseconds_and_recovers() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let s = store(&server.url(), Duration::from_millis(100));
+    let limit = Limit::new(Algorithm::FixedWindow, 3, Duration::from_secs(3_600)).unwrap();
+    rt.block_on(async {
+        assert!(s.apply("k", &limit, 1).await.unwrap().allowed);
+        server.pause();
+        // Until the breaker opens: each call waits at most the timeout.
+        for _ in 0..3 {
+            let t = Instant::now();
+            let e = s.apply("k", &limit, 1).await.unwrap_err();
+            assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+            assert!(t.elapsed() < Duration::from_millis(600), "waited {:?}", t.elapsed());
+        }
+        // Open: failing makes no call (but one probe per 500 ms).
+        assert!(s.stats().breaker_open);
+        let calls = s.stats().calls;
+        for _ in 0..1_000 {
+            assert!(s.apply("k", &limit, 1).await.is_err());
+        }
+        assert!(s.stats().calls <= calls + 2, "refused without calling Redis: {:?}", s.stats());
+        assert!(s.stats().rejected_open >= 998, "{:?}", s.stats());
+        assert!(s.ping().await.is_err(), "readiness sees it");
+
+        server.resume();
+        // Within the probe interval (500 ms) plus a round trip, Redis
+        // decides again, from the state it kept. (A call that timed out
+        // may still have been applied once Redis woke: a slow Redis cannot
+        // tell us, so the count is read, not assumed.)
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let left = loop {
+            if let Ok(d) = s.apply("k", &limit, 0).await {
+                break d.remaining;
+            }
+            assert!(Instant::now() < deadline, "not recovered within 3 s: {:?}", s.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(left <= 2, "at least the first request counts: {left}");
+        for _ in 0..left {
+            assert!(s.apply("k", &limit, 1).await.unwrap().allowed, "exact again");
+        }
+        assert!(!s.apply("k", &limit, 1).await.unwrap().allowed, "exact again");
+        assert!(!s.stats().breaker_open);
+    });
+}
+
+#[test]
+fn a_restarted_redis_gets_the_script_again() {
+    let mut server = RedisServer::start();
+    let rt = runtime();
+    let s = store(&server.url(), Duration::from_millis(500));
+    let limit = Limit::new(Algorithm::Gcra { burst: None }, 2, Duration::from_secs(3_600)).unwrap();
+    rt.block_on(async {
+        assert!(s.apply("k", &limit, 1).await.unwrap().allowed);
+        server.restart(); // empty: no keys, no scripts
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let d = loop {
+            if let Ok(d) = s.apply("k", &limit, 1).await {
+                break d;
+            }
+            assert!(Instant::now() < deadline, "not recovered within 3 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(d.allowed && d.remaining == 1, "a fresh counter on the new server: {d:?}");
+        server.cli(&["SCRIPT", "FLUSH"]);
+        assert!(s.apply("k", &limit, 1).await.unwrap().allowed, "NOSCRIPT: loaded again");
+        assert!(!s.apply("k", &limit, 1).await.unwrap().allowed);
+    });
+}
+
+#[test]
+fn a_key_over_its_limit_is_answered_locally_until_its_retry_time() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let s = store(&server.url(), Duration::from_secs(1));
+    let limit = Limit::new(Algorithm::FixedWindow, 2, Duration::from_secs(3_600)).unwrap();
+    rt.block_on(async {
+        for _ in 0..2 {
+            assert!(s.apply("k", &limit, 1).await.unwrap().allowed);
+        }
+        let first = s.apply("k", &limit, 1).await.unwrap();
+        assert!(!first.allowed && first.retry_after.is_some());
+        let calls = s.stats().calls;
+        for _ in 0..100 {
+            let d = s.apply("k", &limit, 1).await.unwrap();
+            assert!(!d.allowed);
+            assert!(d.retry_after.unwrap() <= first.retry_after.unwrap());
+        }
+        assert_eq!(s.stats().calls, calls, "no Redis call for a cached denial");
+        assert_eq!(s.stats().cached_denials, 100);
+        // A peek or a heavier request still asks Redis: only one-hit denials are cached.
+        assert_eq!(s.apply("k", &limit, 0).await.unwrap().remaining, 0);
+        assert!(s.stats().calls > calls);
+    });
+}
+
+#[test]
+fn a_cluster_primary_failing_over_costs_the_policy_then_decisions_are_exact() {
+    let mut cluster = RedisCluster::start();
+    let rt = runtime();
+    let s = store(&cluster.url(), Duration::from_millis(200));
+    let limit = Limit::new(Algorithm::FixedWindow, 1_000, Duration::from_secs(3_600)).unwrap();
+    rt.block_on(async {
+        for _ in 0..10 {
+            assert!(s.apply("victim", &limit, 1).await.unwrap().allowed);
+        }
+    });
+    let redis_key = floodgate_redis::script::redis_key("fg:", "victim", &limit);
+    let primary = cluster.primary_of(&redis_key);
+    // Replication is asynchronous: wait until the replica has the count.
+    cluster.wait_for_replicas();
+    cluster.nodes[primary].kill();
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut failures = 0;
+        let d = loop {
+            let t = Instant::now();
+            match s.apply("victim", &limit, 1).await {
+                Ok(d) => break d,
+                Err(_) => failures += 1,
+            }
+            assert!(t.elapsed() < Duration::from_secs(2), "a call hung for {:?}", t.elapsed());
+            assert!(Instant::now() < deadline, "no failover within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(failures > 0, "the primary was down for a while");
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 1_000 - 11, "the replica took over with the count: {d:?}");
+        let d = s.apply("victim", &limit, 1).await.unwrap();
+        assert_eq!(d.remaining, 1_000 - 12, "and counts exactly from there");
+    });
+}
