@@ -248,7 +248,13 @@ impl RedisStore {
     }
 
     /// One command through the breaker, bounded by the timeout.
-    async fn call(&self, cmd: &redis::Cmd, retry_cmd: Option<&redis::Cmd>) -> Result<redis::Value, CallError> {
+    /// `eval` builds the command to send instead on `NOSCRIPT` (only then:
+    /// it carries the whole script).
+    async fn call(
+        &self,
+        cmd: &redis::Cmd,
+        eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
+    ) -> Result<redis::Value, CallError> {
         let i = &self.inner;
         if !i.breaker.permit() {
             i.rejected_open.fetch_add(1, Ordering::Relaxed);
@@ -258,9 +264,9 @@ impl RedisStore {
         let attempt = async {
             let mut conn = self.connection().await?;
             match conn.query(cmd).await.and_then(redis::Value::extract_error) {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match retry_cmd {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
                     // A restarted (or new) server: EVAL loads the script.
-                    Some(eval) => conn.query(eval).await.and_then(redis::Value::extract_error),
+                    Some(eval) => conn.query(&eval()).await.and_then(redis::Value::extract_error),
                     None => Err(e),
                 },
                 r => r,
@@ -297,7 +303,7 @@ impl RedisStore {
     /// One script call for a group of checks in one slot.
     async fn run(&self, keys: &[String], checks: &[&Check<'_>], now: Option<u64>, op: Op) -> Result<Reply, CallError> {
         let cmd = script::command(false, keys, checks, now, op);
-        let eval = script::command(true, keys, checks, now, op);
+        let eval = || script::command(true, keys, checks, now, op);
         let value = self.call(&cmd, Some(&eval)).await?;
         let values: Vec<i64> =
             redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))?;
