@@ -14,9 +14,11 @@
 mod breaker;
 mod denied;
 pub mod script;
+mod shared;
 mod store;
 mod target;
 pub mod testing;
 
+pub use shared::SharedMap;
 pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore};
 pub use target::{Target, TargetError};

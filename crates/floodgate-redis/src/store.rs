@@ -300,6 +300,11 @@ impl RedisStore {
         result
     }
 
+    /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
+    pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        self.call(cmd, None).await.map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+
     /// One script call for a group of checks in one slot.
     async fn run(&self, keys: &[String], checks: &[&Check<'_>], now: Option<u64>, op: Op) -> Result<Reply, CallError> {
         let cmd = script::command(false, keys, checks, now, op);

@@ -85,6 +85,7 @@ fn override_error(e: OverrideError) -> ApiError {
         OverrideError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "", m),
         OverrideError::Limits(errs) => ApiError::new(StatusCode::BAD_REQUEST, "limits", errs),
         OverrideError::Storage(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", m),
+        e @ OverrideError::Shared(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "", e.to_string()),
     }
 }
 
@@ -154,7 +155,7 @@ async fn set<S: Backend>(
 ) -> Result<Response, ApiError> {
     let o = state.service.overrides().ok_or_else(no_overrides)?;
     let spec: OverrideSpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
-    let o = o.set(spec).map_err(override_error)?;
+    let o = o.put(spec).await.map_err(override_error)?;
     let n = o.rules.len();
     Ok(axum::Json(json!({ "set": true, "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": n }))
         .into_response())
@@ -175,7 +176,7 @@ async fn delete<S: Backend>(
     let o = state.service.overrides().ok_or_else(no_overrides)?;
     let d: DescriptorRef = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let entries: Vec<(&str, &str)> = d.descriptor.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-    if o.delete(&d.domain, &entries).map_err(override_error)? {
+    if o.remove(&d.domain, &entries).await.map_err(override_error)? {
         Ok(axum::Json(json!({ "deleted": true })).into_response())
     } else {
         Err(ApiError::new(StatusCode::NOT_FOUND, "descriptor", "no override for this domain and descriptor"))

@@ -11,14 +11,25 @@
 //!
 //! When the database cannot be written (disk full, permissions), `set` and
 //! `delete` fail and change nothing; reads keep answering from memory.
+//!
+//! With the Redis store, overrides are shared ([`Overrides::share`]): Redis
+//! holds them (a hash and a version, see `floodgate_redis::SharedMap`),
+//! every instance polls the version every 250 ms and reloads on a change
+//! (so a change reaches every instance within a second), and the local
+//! database keeps a mirror, so an instance that starts while Redis is down
+//! serves the last overrides it saw. A change through the admin API goes to
+//! Redis first: when Redis fails, it fails (503) and changes nothing. On
+//! the first sync with a Redis that has never held overrides, this
+//! instance's overrides are uploaded.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use floodgate_core::rules::{ConfigErrors, Rule, counter_key, parse_limits};
+use floodgate_redis::SharedMap;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +103,10 @@ pub enum OverrideError {
     /// The embedded database failed (500); nothing changed.
     #[error("override storage failed: {0}")]
     Storage(String),
+    /// Overrides are shared through Redis, which failed (503); nothing
+    /// changed.
+    #[error("overrides are shared through Redis, which failed: {0}; nothing changed, try again")]
+    Shared(String),
 }
 
 fn storage(e: impl std::fmt::Display) -> OverrideError {
@@ -99,11 +114,13 @@ fn storage(e: impl std::fmt::Display) -> OverrideError {
 }
 
 /// The override store.
+#[derive(Debug)]
 pub struct Overrides {
     db: Database,
     cache: ArcSwap<HashMap<String, Arc<Override>>>,
     write: Mutex<()>,
     problems: Vec<String>,
+    shared: OnceLock<SharedMap>,
 }
 
 impl Overrides {
@@ -138,7 +155,107 @@ impl Overrides {
                 }
             }
         }
-        Ok(Self { db, cache: ArcSwap::from_pointee(map), write: Mutex::new(()), problems })
+        Ok(Self { db, cache: ArcSwap::from_pointee(map), write: Mutex::new(()), problems, shared: OnceLock::new() })
+    }
+
+    /// Share these overrides through Redis from now on: changes go to `map`
+    /// first, and the returned task (run it) keeps this instance in step
+    /// with the others.
+    pub fn share(self: &Arc<Self>, map: SharedMap) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let _ = self.shared.set(map.clone());
+        let this = self.clone();
+        async move {
+            let mut seen: Option<u64> = None;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match this.sync(&map, seen).await {
+                    Ok(v) => seen = Some(v),
+                    Err(e) => tracing::debug!("overrides not synced from Redis: {e}"),
+                }
+            }
+        }
+    }
+
+    /// One sync step: reload from Redis when its version moved since
+    /// `seen`; the version now.
+    async fn sync(&self, map: &SharedMap, seen: Option<u64>) -> Result<u64, floodgate_core::StoreError> {
+        let version = map.version().await?;
+        if seen == Some(version) {
+            return Ok(version);
+        }
+        if version == 0 && seen.is_none() {
+            // Redis never held overrides: upload ours.
+            for o in self.list() {
+                let stored = serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: o.updated_at })
+                    .unwrap_or_default();
+                map.set(&o.key, &stored).await?;
+            }
+        }
+        let (version, entries) = map.load().await?;
+        let mut next = HashMap::new();
+        for (key, value) in &entries {
+            let parsed = serde_json::from_str::<Stored>(value)
+                .map_err(|e| e.to_string())
+                .and_then(|s| build(s.spec, s.updated_at).map_err(|e| e.to_string()));
+            match parsed {
+                Ok(o) => {
+                    next.insert(key.clone(), Arc::new(o));
+                }
+                Err(e) => tracing::warn!("shared override {key:?} skipped: {e}"),
+            }
+        }
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = self.mirror(&entries) {
+            tracing::warn!("overrides from Redis not mirrored to disk: {e}");
+        }
+        self.cache.store(Arc::new(next));
+        Ok(version)
+    }
+
+    /// Replace the local database's overrides with `entries`.
+    fn mirror(&self, entries: &[(String, String)]) -> Result<(), OverrideError> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut table = txn.open_table(TABLE).map_err(storage)?;
+            table.retain(|_, _| false).map_err(storage)?;
+            for (k, v) in entries {
+                table.insert(k.as_str(), v.as_str()).map_err(storage)?;
+            }
+        }
+        txn.commit().map_err(storage)
+    }
+
+    /// Set an override, through Redis first when shared ([`Overrides::set`]
+    /// otherwise).
+    pub async fn put(&self, spec: OverrideSpec) -> Result<Arc<Override>, OverrideError> {
+        let Some(map) = self.shared.get() else { return self.set(spec) };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let o = build(spec, now)?;
+        if !self.cache.load().contains_key(&o.key) && self.len() >= MAX_OVERRIDES {
+            return Err(OverrideError::Invalid(format!("{MAX_OVERRIDES} overrides already: delete some first")));
+        }
+        let stored = serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: now }).map_err(storage)?;
+        map.set(&o.key, &stored).await.map_err(|e| OverrideError::Shared(e.to_string()))?;
+        self.set(o.spec)
+    }
+
+    /// Delete an override, through Redis first when shared
+    /// ([`Overrides::delete`] otherwise).
+    pub async fn remove(
+        &self,
+        domain: &str,
+        entries: &[(impl AsRef<str>, impl AsRef<str>)],
+    ) -> Result<bool, OverrideError> {
+        if let Some(map) = self.shared.get() {
+            let key = counter_key(domain, entries);
+            if !self.cache.load().contains_key(&key) {
+                return Ok(false);
+            }
+            map.remove(&key).await.map_err(|e| OverrideError::Shared(e.to_string()))?;
+        }
+        self.delete(domain, entries)
     }
 
     /// Stored overrides that could not be loaded, and why.

@@ -338,6 +338,11 @@ impl Bound {
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
                 .into_future(),
         );
+        // With Redis, overrides are shared: keep this instance in step.
+        let sharing = match (service.store(), service.overrides()) {
+            (ServerStore::Redis(redis), Some(o)) => Some(tokio::spawn(o.share(redis.shared_map("overrides")))),
+            _ => None,
+        };
         let sweeper = {
             let service = service.clone();
             tokio::spawn(async move {
@@ -362,6 +367,9 @@ impl Bound {
         health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
         sweeper.abort();
+        if let Some(s) = sharing {
+            s.abort();
+        }
         let all = async {
             let _ = tasks.0.await;
             let _ = tasks.1.await;

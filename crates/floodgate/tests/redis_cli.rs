@@ -73,6 +73,7 @@ struct Served {
     child: Child,
     grpc: String,
     http: String,
+    admin: String,
     _dir: TempDir,
 }
 
@@ -85,7 +86,8 @@ impl Served {
         }
         let mut child = floodgate()
             .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--admin-addr", "127.0.0.1:0", "--overrides-file", "none", "--store", store])
+            .args(["--admin-addr", "127.0.0.1:0", "--store", store, "--overrides-file"])
+            .arg(dir.0.join("overrides.redb"))
             .args(["--redis-timeout", "200ms", "--config"])
             .arg(dir.0.join("rules"))
             .stderr(Stdio::piped())
@@ -101,7 +103,7 @@ impl Served {
         };
         std::thread::spawn(move || for _ in lines {});
         let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
-        Served { grpc: field("grpc_addr"), http: field("http_addr"), child, _dir: dir }
+        Served { grpc: field("grpc_addr"), http: field("http_addr"), admin: field("admin_addr"), child, _dir: dir }
     }
 }
 
@@ -219,13 +221,56 @@ fn a_dead_redis_gets_each_rules_failure_policy_then_exact_decisions_again() {
 
 /// A plain HTTP/1.1 GET: (status, body).
 fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "GET", path, "")
+}
+
+/// A plain HTTP/1.1 request with a JSON body: (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (code, body)
+}
+
+#[test]
+fn an_override_set_on_one_instance_reaches_the_other() {
+    let redis = RedisServer::start();
+    let rules = rules();
+    let a = Served::start("ovr-a", &rules, &redis.url());
+    let b = Served::start("ovr-b", &rules, &redis.url());
+    let spec = r#"{"domain": "gcra", "descriptor": [{"key": "user", "value": "vip"}], "limits": {"unit": "hour", "requests_per_unit": 3}}"#;
+    let (code, body) = http(&a.admin, "PUT", "/admin/v1/overrides", spec);
+    assert_eq!(code, 200, "{body}");
+    // B sees it (it polls every 250 ms; allow 10 s on a busy machine).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !http_get(&b.admin, "/admin/v1/overrides").1.contains("vip") {
+        assert!(Instant::now() < deadline, "instance B never saw the override");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The override's counter is shared too: 3 in all, across both.
+    let allowed: Vec<Option<i32>> = [&a, &b, &a, &b].iter().map(|s| check(&s.grpc, "gcra", "vip").0).collect();
+    assert_eq!(allowed, [Some(0), Some(0), Some(0), Some(1)]);
+    // Deleted on B: gone from A.
+    let del = r#"{"domain": "gcra", "descriptor": [{"key": "user", "value": "vip"}]}"#;
+    let (code, body) = http(&b.admin, "DELETE", "/admin/v1/overrides", del);
+    assert_eq!(code, 200, "{body}");
+    while http_get(&a.admin, "/admin/v1/overrides").1.contains("vip") {
+        assert!(Instant::now() < deadline, "instance A never saw the deletion");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // With Redis down, a change fails and changes nothing.
+    drop(redis);
+    let (code, body) = http(&a.admin, "PUT", "/admin/v1/overrides", spec);
+    assert_eq!(code, 503, "{body}");
+    assert!(!http_get(&a.admin, "/admin/v1/overrides").1.contains("vip"));
 }
