@@ -3,13 +3,12 @@
 //! under load costs no hang and no panic: each rule's failure policy
 //! answers, and decisions are exact again once Redis is back.
 
+mod cli;
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TempDir;
+use cli::{Served, run};
 use floodgate_redis::testing::RedisServer;
 use serde_json::Value;
 
@@ -53,65 +52,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 40, failure_mode: local, local_share: 0.5}
 ";
 
-fn floodgate() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_floodgate"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FLOODGATE_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let Output { status, stdout, stderr } = floodgate().args(args).output().unwrap();
-    (status.code(), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
-}
-
-/// A `floodgate serve` on the given store, on free ports.
-struct Served {
-    child: Child,
-    grpc: String,
-    http: String,
-    admin: String,
-    _dir: TempDir,
-}
-
-impl Served {
-    fn start(name: &str, rules: &str, store: &str) -> Served {
-        let dir = TempDir::new(name);
-        // One file per domain (a file holds one domain).
-        for (i, doc) in rules.split("---\n").enumerate() {
-            dir.write(&format!("rules/{i}.yaml"), doc);
-        }
-        let mut child = floodgate()
-            .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--admin-addr", "127.0.0.1:0", "--store", store, "--overrides-file"])
-            .arg(dir.0.join("overrides.redb"))
-            .args(["--redis-timeout", "200ms", "--config"])
-            .arg(dir.0.join("rules"))
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let serving = loop {
-            let line = lines.next().expect("serve logs that it is serving").unwrap();
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if v["fields"]["message"] == "floodgate serving" {
-                break v;
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
-        Served { grpc: field("grpc_addr"), http: field("http_addr"), admin: field("admin_addr"), child, _dir: dir }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `floodgate serve` on `store`, with a short Redis timeout.
+fn served(name: &str, rules: &str, store: &str) -> Served {
+    Served::start(name, rules, &["--store", store, "--redis-timeout", "200ms"])
 }
 
 /// `floodgate bench` against `server` for `duration`, one key; its report.
@@ -146,8 +89,8 @@ fn count(v: &Value, field: &str) -> u64 {
 fn two_instances_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let rules = rules();
-    let a = Served::start("redis-a", &rules, &redis.url());
-    let b = Served::start("redis-b", &rules, &redis.url());
+    let a = served("redis-a", &rules, &redis.url());
+    let b = served("redis-b", &rules, &redis.url());
     for domain in ["fixed_window", "sliding_log", "sliding_buckets", "token_bucket", "gcra", "leaky_bucket"] {
         // Both instances hammer the same key at once, over both protocols.
         let (ra, rb) = std::thread::scope(|s| {
@@ -175,7 +118,7 @@ fn check(server: &str, domain: &str, user: &str) -> (Option<i32>, String) {
 #[test]
 fn a_dead_redis_gets_each_rules_failure_policy_then_exact_decisions_again() {
     let mut redis = RedisServer::start();
-    let s = Served::start("redis-fail", FAILURE_RULES, &redis.url());
+    let s = served("redis-fail", FAILURE_RULES, &redis.url());
     assert_eq!(check(&s.grpc, "closed", "u").0, Some(0), "Redis up: allowed");
 
     // Load while Redis dies: no request may hang past the timeout (bench
@@ -246,8 +189,8 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 fn an_override_set_on_one_instance_reaches_the_other() {
     let redis = RedisServer::start();
     let rules = rules();
-    let a = Served::start("ovr-a", &rules, &redis.url());
-    let b = Served::start("ovr-b", &rules, &redis.url());
+    let a = served("ovr-a", &rules, &redis.url());
+    let b = served("ovr-b", &rules, &redis.url());
     let spec = r#"{"domain": "gcra", "descriptor": [{"key": "user", "value": "vip"}], "limits": {"unit": "hour", "requests_per_unit": 3}}"#;
     let (code, body) = http(&a.admin, "PUT", "/admin/v1/overrides", spec);
     assert_eq!(code, 200, "{body}");

@@ -2,89 +2,21 @@
 //! codes, settings refused before any port is bound, SIGTERM, and the two
 //! clients against a live server.
 
+mod cli;
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
+use cli::{Served, run};
 use common::TempDir;
 use serde_json::Value;
 
 const RULES: &str =
     "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
-fn floodgate() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_floodgate"));
-    // Settings come from flags in these tests, never from the environment.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FLOODGATE_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let Output { status, stdout, stderr } = floodgate().args(args).output().unwrap();
-    (status.code(), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
-}
-
-/// A running `floodgate serve` on free ports, its addresses read from its log.
-struct Served {
-    child: Child,
-    grpc: String,
-    http: String,
-    _dir: TempDir,
-}
-
-impl Served {
-    fn start(name: &str) -> Served {
-        let dir = TempDir::new(name);
-        dir.write("rules/bench.yaml", RULES);
-        let overrides = dir.0.join("overrides.redb");
-        let mut child = floodgate()
-            .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--admin-addr", "127.0.0.1:0", "--config"])
-            .arg(dir.0.join("rules"))
-            .arg("--overrides-file")
-            .arg(overrides)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let serving = loop {
-            let line = lines.next().expect("serve logs that it is serving").unwrap();
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if v["fields"]["message"] == "floodgate serving" {
-                break v;
-            }
-        };
-        // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
-        Served { grpc: field("grpc_addr"), http: field("http_addr"), child, _dir: dir }
-    }
-
-    /// SIGTERM, then the exit code (within 10 s).
-    fn terminate(mut self) -> Option<i32> {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "serve did not stop within 10 s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 #[test]
 fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
-    let s = Served::start("live");
+    let s = Served::start("live", RULES, &[]);
     let check = |hits: &str| {
         run(&["check", "--server", &s.grpc, "--domain", "bench", "--descriptor", "user=a", "--hits", hits])
     };

@@ -1,0 +1,94 @@
+//! Running the `floodgate` binary in tests: one command, or a live
+//! `floodgate serve` on free ports.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::TempDir;
+
+/// The binary, with no `FLOODGATE_*` settings from the environment (tests
+/// set everything with flags).
+pub fn floodgate() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FLOODGATE_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+/// Run to the end: (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let Output { status, stdout, stderr } = floodgate().args(args).output().unwrap();
+    (status.code(), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
+}
+
+/// A running `floodgate serve` on free ports, its addresses read from its
+/// log; killed on drop.
+pub struct Served {
+    child: Child,
+    pub grpc: String,
+    pub http: String,
+    pub admin: String,
+    _dir: TempDir,
+}
+
+impl Served {
+    /// Serve `rules` (YAML documents separated by `---` lines, one file
+    /// each) with an overrides file of its own, plus `args`.
+    pub fn start(name: &str, rules: &str, args: &[&str]) -> Served {
+        let dir = TempDir::new(name);
+        for (i, doc) in rules.split("---\n").enumerate() {
+            dir.write(&format!("rules/{i}.yaml"), doc);
+        }
+        let mut child = floodgate()
+            .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0", "--config"])
+            .arg(dir.0.join("rules"))
+            .arg("--overrides-file")
+            .arg(dir.0.join("overrides.redb"))
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let serving = loop {
+            let line = lines.next().expect("serve logs that it is serving").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["fields"]["message"] == "floodgate serving" {
+                break v;
+            }
+        };
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
+        Served { grpc: field("grpc_addr"), http: field("http_addr"), admin: field("admin_addr"), child, _dir: dir }
+    }
+
+    /// SIGTERM, then the exit code (within 10 s).
+    pub fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "serve did not stop within 10 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
