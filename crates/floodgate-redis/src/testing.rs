@@ -249,3 +249,39 @@ impl RedisCluster {
         panic!("no live primary serves slot {slot}");
     }
 }
+
+impl RedisCluster {
+    /// The cluster node id of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// Move the slot of `key` from its primary to primary `to`, keys
+    /// included, the way `redis-cli --cluster reshard` does (IMPORTING /
+    /// MIGRATING, MIGRATE, SETSLOT NODE), so clients see ASK then MOVED.
+    pub fn migrate_slot_of(&self, key: &str, to: usize) {
+        let from = self.primary_of(key);
+        assert_ne!(from, to, "the slot is on node {to} already");
+        let slot = self.nodes[from].cli(&["CLUSTER", "KEYSLOT", key]).trim().to_owned();
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        dst.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        src.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        loop {
+            let keys = src.cli(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = dst.port.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", port.as_str(), "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            let out = src.cli(&args);
+            assert!(out.contains("OK") || out.contains("NOKEY"), "MIGRATE failed: {out}");
+        }
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            n.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        }
+        self.wait_until_ok();
+    }
+}
