@@ -233,8 +233,10 @@ impl RedisStore {
         let t = self.inner.config.timeout;
         let conn = match &self.inner.client {
             Client::Single(c) => {
+                // No response timeout of its own: every call is already
+                // bounded by `timeout` (a second timer per command costs CPU).
                 let cfg =
-                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(t)).set_response_timeout(Some(t));
+                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(t)).set_response_timeout(None);
                 Conn::Single(c.get_multiplexed_async_connection_with_config(&cfg).await?)
             }
             Client::Cluster(c) => Conn::Cluster(c.get_async_connection().await?),
@@ -243,8 +245,13 @@ impl RedisStore {
         Ok(conn)
     }
 
+    /// Forget a single server's connection after a fault, so the next call
+    /// makes a new one. A cluster connection is kept: it reconnects to its
+    /// nodes and refreshes the topology itself.
     fn drop_connection(&self) {
-        *self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if matches!(self.inner.client, Client::Single(_)) {
+            *self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
     }
 
     /// One command through the breaker, bounded by the timeout.
@@ -291,9 +298,7 @@ impl RedisStore {
                 };
                 if connection_fault {
                     i.breaker.failure();
-                    if matches!(i.client, Client::Single(_)) {
-                        self.drop_connection();
-                    }
+                    self.drop_connection();
                 }
             }
         }
@@ -399,12 +404,7 @@ impl RedisStore {
             match r {
                 Ok(r) => {
                     for (&j, d) in g.iter().zip(r.decisions) {
-                        if i.config.cache_denials
-                            && now.is_none()
-                            && !d.allowed
-                            && checks[j].hits == 1
-                            && checks[j].enforce
-                        {
+                        if cache && !d.allowed && checks[j].hits == 1 && checks[j].enforce {
                             i.denied.put(&keys[j], sent, &d);
                         }
                         out[j] = Ok(d);
@@ -476,15 +476,11 @@ impl Store for RedisStore {
                 Ok(())
             }
             Ok(Err(e)) => {
-                if matches!(self.inner.client, Client::Single(_)) {
-                    self.drop_connection();
-                }
+                self.drop_connection();
                 Err(StoreError::Unavailable(format!("Redis: {e}")))
             }
             Err(_) => {
-                if matches!(self.inner.client, Client::Single(_)) {
-                    self.drop_connection();
-                }
+                self.drop_connection();
                 Err(StoreError::Unavailable(format!("Redis did not answer within {t:?}")))
             }
         }
