@@ -446,6 +446,15 @@ impl Limit {
         self.burst
     }
 
+    /// The most units one request can ever be admitted: the burst (the
+    /// limit, for the window algorithms), plus one for a `leaky_bucket`
+    /// shaper (one now and `burst` queued). A larger `hits` is always denied,
+    /// with no retry time.
+    pub fn capacity(&self) -> u64 {
+        let shaper = matches!(self.algorithm, Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. });
+        self.burst + u64::from(shaper)
+    }
+
     /// A 32-bit digest of the parameters (stable across processes).
     pub fn fingerprint(&self) -> u32 {
         self.fingerprint
@@ -563,5 +572,9 @@ mod tests {
         let c = Limit::new(Algorithm::TokenBucket { burst: None }, 10, SEC).unwrap();
         assert_ne!(a.fingerprint(), c.fingerprint());
         assert_eq!(a.to_string(), "gcra 10/1s burst 10");
+        assert_eq!(a.capacity(), 10);
+        let shaper = Limit::new(Algorithm::LeakyBucket { burst: Some(4), mode: LeakyMode::Shape }, 10, SEC).unwrap();
+        assert_eq!(shaper.capacity(), 5, "one now and four queued");
+        assert_eq!(Limit::new(Algorithm::SlidingLog, 7, SEC).unwrap().capacity(), 7);
     }
 }

@@ -43,20 +43,10 @@ fn algorithm(limit: &Limit) -> (&'static str, u64) {
         Algorithm::SlidingLog => ("sl", 0),
         Algorithm::SlidingWindow => ("sw", 0),
         Algorithm::SlidingBuckets { granularity } => ("sb", u64::from(*granularity)),
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => ("gc", limit.burst()),
-        Algorithm::LeakyBucket { mode: LeakyMode::Meter, .. } => ("gc", limit.burst()),
+        Algorithm::TokenBucket { .. }
+        | Algorithm::Gcra { .. }
+        | Algorithm::LeakyBucket { mode: LeakyMode::Meter, .. } => ("gc", limit.burst()),
         Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. } => ("sh", limit.burst()),
-    }
-}
-
-/// The most units one request can ever be admitted: every larger `hits` is
-/// denied alike (with no retry time), so the script is sent at most this
-/// plus one, which keeps every argument below 2^53 (exact in Lua).
-fn capacity(limit: &Limit) -> u64 {
-    match limit.algorithm() {
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => limit.burst(),
-        Algorithm::LeakyBucket { mode, .. } => limit.burst() + u64::from(*mode == LeakyMode::Shape),
-        _ => limit.limit(),
     }
 }
 
@@ -90,6 +80,9 @@ pub(crate) fn command(eval: bool, keys: &[String], checks: &[&Check<'_>], now_us
         Op::Apply => "apply",
         Op::Refund(_) => "refund",
     });
+    // Every `hits` above the capacity is denied alike (with no retry time),
+    // so at most capacity + 1 is sent: every argument stays below 2^53
+    // (exact in Lua).
     for c in checks {
         let (code, param) = algorithm(c.limit);
         let flag = match op {
@@ -100,7 +93,7 @@ pub(crate) fn command(eval: bool, keys: &[String], checks: &[&Check<'_>], now_us
             .arg(c.limit.limit())
             .arg(c.limit.window_us())
             .arg(param)
-            .arg(c.hits.min(capacity(c.limit) + 1))
+            .arg(c.hits.min(c.limit.capacity() + 1))
             .arg(flag);
     }
     cmd
