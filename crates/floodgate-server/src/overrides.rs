@@ -188,9 +188,8 @@ impl Overrides {
         if version == 0 && seen.is_none() {
             // Redis never held overrides: upload ours.
             for o in self.list() {
-                let stored = serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: o.updated_at })
-                    .unwrap_or_default();
-                map.set(&o.key, &stored).await?;
+                let Ok(text) = stored(&o) else { continue };
+                map.set(&o.key, &text).await?;
             }
         }
         let (version, entries) = map.load().await?;
@@ -230,15 +229,12 @@ impl Overrides {
     /// Set an override, through Redis first when shared ([`Overrides::set`]
     /// otherwise).
     pub async fn put(&self, spec: OverrideSpec) -> Result<Arc<Override>, OverrideError> {
-        let Some(map) = self.shared.get() else { return self.set(spec) };
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let o = build(spec, now)?;
-        if !self.cache.load().contains_key(&o.key) && self.len() >= MAX_OVERRIDES {
-            return Err(OverrideError::Invalid(format!("{MAX_OVERRIDES} overrides already: delete some first")));
+        let o = build(spec, unix_now())?;
+        if let Some(map) = self.shared.get() {
+            Self::check_room(&self.cache.load(), &o.key)?;
+            map.set(&o.key, &stored(&o)?).await.map_err(|e| OverrideError::Shared(e.to_string()))?;
         }
-        let stored = serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: now }).map_err(storage)?;
-        map.set(&o.key, &stored).await.map_err(|e| OverrideError::Shared(e.to_string()))?;
-        self.set(o.spec)
+        self.insert(o)
     }
 
     /// Delete an override, through Redis first when shared
@@ -265,16 +261,25 @@ impl Overrides {
 
     /// Set (create or replace) an override; durable when this returns.
     pub fn set(&self, spec: OverrideSpec) -> Result<Arc<Override>, OverrideError> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let o = Arc::new(build(spec, now)?);
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = self.cache.load_full();
-        if !current.contains_key(&o.key) && current.len() >= MAX_OVERRIDES {
+        self.insert(build(spec, unix_now())?)
+    }
+
+    /// Refuse a new override beyond [`MAX_OVERRIDES`].
+    fn check_room(current: &HashMap<String, Arc<Override>>, key: &str) -> Result<(), OverrideError> {
+        if !current.contains_key(key) && current.len() >= MAX_OVERRIDES {
             return Err(OverrideError::Invalid(format!("{MAX_OVERRIDES} overrides already: delete some first")));
         }
-        let stored = serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: now }).map_err(storage)?;
+        Ok(())
+    }
+
+    /// Store a built override in the database, then in memory.
+    fn insert(&self, o: Override) -> Result<Arc<Override>, OverrideError> {
+        let o = Arc::new(o);
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.cache.load_full();
+        Self::check_room(&current, &o.key)?;
         let txn = self.db.begin_write().map_err(storage)?;
-        txn.open_table(TABLE).map_err(storage)?.insert(o.key.as_str(), stored.as_str()).map_err(storage)?;
+        txn.open_table(TABLE).map_err(storage)?.insert(o.key.as_str(), stored(&o)?.as_str()).map_err(storage)?;
         txn.commit().map_err(storage)?;
         let mut next = (*current).clone();
         next.insert(o.key.clone(), o.clone());
@@ -324,6 +329,16 @@ impl Overrides {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// An override as stored (in the database, and in Redis when shared).
+fn stored(o: &Override) -> Result<String, OverrideError> {
+    serde_json::to_string(&Stored { spec: o.spec.clone(), updated_at: o.updated_at }).map_err(storage)
 }
 
 /// Check a spec and build its rules.
