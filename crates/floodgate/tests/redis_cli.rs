@@ -59,26 +59,7 @@ fn served(name: &str, rules: &str, store: &str) -> Served {
 
 /// `floodgate bench` against `server` for `duration`, one key; its report.
 fn bench(server: &str, protocol: &str, domain: &str, duration: &str, concurrency: &str) -> Value {
-    let (code, out, err) = run(&[
-        "bench",
-        "--server",
-        server,
-        "--protocol",
-        protocol,
-        "--domain",
-        domain,
-        "--duration",
-        duration,
-        "--warmup",
-        "0s",
-        "--concurrency",
-        concurrency,
-        "--connections",
-        "2",
-        "--json",
-    ]);
-    assert_eq!(code, Some(0), "{err}");
-    serde_json::from_str(&out).unwrap()
+    cli::bench(server, protocol, &["--domain", domain, "--duration", duration, "--concurrency", concurrency])
 }
 
 fn count(v: &Value, field: &str) -> u64 {

@@ -7,7 +7,7 @@ mod common;
 
 use std::net::TcpListener;
 
-use cli::{Served, run};
+use cli::{Served, bench, run};
 use common::TempDir;
 use serde_json::Value;
 
@@ -32,28 +32,8 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
     assert_eq!(v["statuses"][0]["remaining"], 1);
 
     for (protocol, server) in [("grpc", &s.grpc), ("json", &s.http)] {
-        let (code, out, err) = run(&[
-            "bench",
-            "--server",
-            server,
-            "--protocol",
-            protocol,
-            "--duration",
-            "500ms",
-            "--warmup",
-            "0s",
-            "--concurrency",
-            "4",
-            "--connections",
-            "2",
-            "--keys",
-            "100",
-            "--distribution",
-            "zipf",
-            "--json",
-        ]);
-        assert_eq!(code, Some(0), "{err}");
-        let v: Value = serde_json::from_str(&out).unwrap();
+        let args = ["--duration", "500ms", "--concurrency", "4", "--keys", "100", "--distribution", "zipf"];
+        let v = bench(server, protocol, &args);
         let requests = v["requests"].as_u64().unwrap();
         assert!(requests > 0, "{v}");
         assert_eq!(v["errors"], 0, "{v}");

@@ -29,6 +29,17 @@ pub fn run(args: &[&str]) -> (Option<i32>, String, String) {
     (status.code(), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
 }
 
+/// `floodgate bench --json --warmup 0s --connections 2` against `server`
+/// over `protocol` with `args` more; it must exit 0. Its report.
+pub fn bench(server: &str, protocol: &str, args: &[&str]) -> Value {
+    let mut all = vec!["bench", "--json", "--warmup", "0s", "--connections", "2"];
+    all.extend_from_slice(&["--server", server, "--protocol", protocol]);
+    all.extend_from_slice(args);
+    let (code, out, err) = run(&all);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 /// A running `floodgate serve` on free ports, its addresses read from its
 /// log; killed on drop.
 pub struct Served {
