@@ -25,6 +25,7 @@ mod algorithm;
 mod clock;
 mod decision;
 mod duration;
+pub mod headers;
 mod limit;
 pub mod limiter;
 mod math;

@@ -65,6 +65,15 @@ impl Outcome {
         most_restrictive(&self.verdicts)
     }
 
+    /// For an allowed request: how long to hold it before passing it on,
+    /// the longest `delay` of its shaping limits (zero without any).
+    pub fn delay(&self) -> Duration {
+        if !self.allowed {
+            return Duration::ZERO;
+        }
+        self.verdicts.iter().filter_map(|v| v.decision.map(|d| d.delay)).max().unwrap_or_default()
+    }
+
     /// `Retry-After` for a denied request: the largest wait among the denying
     /// limits, `None` when allowed or when one of them has no wait that
     /// helps (the request is larger than that limit's capacity).

@@ -23,7 +23,7 @@ pub(crate) mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use matcher::{Match, RequestMatch, counter_key};
-pub use model::{Domain, FailureMode, Rule, RuleSet, Source, Unit};
+pub use model::{Action, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Unit};
 pub use parse::{LoadOptions, parse_limits};
 pub use yaml::Pos;
 

@@ -172,7 +172,53 @@ pub struct Domain {
     pub(crate) pos: Pos,
     /// Node 0 is the root (the domain itself).
     pub(crate) nodes: Vec<DescNode>,
+    /// How the reverse proxy and the tower layer build this domain's
+    /// descriptors from an HTTP request (`request_descriptors:`).
+    pub(crate) request_descriptors: Vec<RequestDescriptor>,
 }
+
+/// One descriptor built from an HTTP request: an entry per action, in order
+/// (envoy's route `rate_limits[].actions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDescriptor {
+    /// The actions, each giving one entry.
+    pub actions: Vec<Action>,
+    /// Where the descriptor is written.
+    pub pos: Pos,
+}
+
+/// How one descriptor entry is taken from an HTTP request (a subset of
+/// envoy's rate-limit actions, with envoy's names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `remote_address: {}`: the entry `("remote_address", <client IP>)`.
+    RemoteAddress,
+    /// `request_headers: {header_name, descriptor_key, skip_if_absent}`: the
+    /// entry `(key, <header value>)`. `header` is lower case; the
+    /// pseudo-headers `:method`, `:path` (without the query), `:authority`
+    /// and `:scheme` name parts of the request line. When the header is
+    /// missing, the whole descriptor is left out, or with `skip_if_absent`
+    /// only this entry.
+    RequestHeader {
+        /// The header (lower case) or pseudo-header.
+        header: String,
+        /// The descriptor key.
+        key: String,
+        /// Leave out only this entry when the header is missing.
+        skip_if_absent: bool,
+    },
+    /// `generic_key: {descriptor_value, descriptor_key}`: the constant entry
+    /// `(key, value)`; `key` defaults to `generic_key`.
+    GenericKey {
+        /// The descriptor key.
+        key: String,
+        /// The value.
+        value: String,
+    },
+}
+
+/// The pseudo-headers a `request_headers` action may name.
+pub const PSEUDO_HEADERS: [&str; 4] = [":method", ":path", ":authority", ":scheme"];
 
 impl Domain {
     /// The domain's name.
@@ -193,6 +239,12 @@ impl Domain {
     /// Every rule of the domain, in file order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.nodes.iter().flat_map(|n| n.rules.iter())
+    }
+
+    /// How to build this domain's descriptors from an HTTP request (empty
+    /// when the file has no `request_descriptors:`).
+    pub fn request_descriptors(&self) -> &[RequestDescriptor] {
+        &self.request_descriptors
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::model::{DescNode, Domain, FailureMode, Rule, Source, Unit};
+use super::model::{Action, DescNode, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, Source, Unit};
 use super::yaml::{self, Bounds, Node};
 use super::{ConfigError, ConfigErrors, Pos};
 use crate::{Algorithm, AlgorithmKind, LeakyMode, Limit, LimitError, parse_duration};
@@ -56,7 +56,11 @@ const ENVOY_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-const TOP_KEYS: &[&str] = &["domain", "descriptors"];
+const TOP_KEYS: &[&str] = &["domain", "descriptors", "request_descriptors"];
+const REQUEST_DESCRIPTOR_KEYS: &[&str] = &["actions"];
+const ACTION_KEYS: &[&str] = &["remote_address", "request_headers", "generic_key"];
+const REQUEST_HEADERS_KEYS: &[&str] = &["header_name", "descriptor_key", "skip_if_absent"];
+const GENERIC_KEY_KEYS: &[&str] = &["descriptor_value", "descriptor_key"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -162,10 +166,12 @@ impl<'a> FileParser<'a> {
         let entries = self.map(&root, "")?;
         let mut domain_name = None;
         let mut descriptors = None;
+        let mut request_descriptors = Vec::new();
         for (k, v) in entries {
             match self.key(k, v, "", TOP_KEYS).as_deref() {
                 Some("domain") => domain_name = self.string(v, "domain").map(|s| (s, v.pos())),
                 Some("descriptors") => descriptors = Some(v),
+                Some("request_descriptors") => request_descriptors = self.request_descriptors(v),
                 _ => {}
             }
         }
@@ -181,7 +187,8 @@ impl<'a> FileParser<'a> {
                 return None;
             }
         };
-        let mut domain = Domain { name: name.clone(), file: self.file, pos, nodes: vec![DescNode::default()] };
+        let mut domain =
+            Domain { name: name.clone(), file: self.file, pos, nodes: vec![DescNode::default()], request_descriptors };
         if let Some(list) = descriptors {
             self.descriptors(&mut domain, 0, list, "descriptors", &name);
         }
@@ -336,6 +343,138 @@ impl<'a> FileParser<'a> {
             }
             Node::Scalar { .. } => {}
         }
+    }
+
+    /// `request_descriptors:` (floodgate): a list of `- actions: [...]`.
+    fn request_descriptors(&mut self, list: &Node) -> Vec<RequestDescriptor> {
+        const FIELD: &str = "request_descriptors";
+        let Node::Seq { items, .. } = list else {
+            self.error(list.pos(), FIELD, format!("expected a list of `- actions: [...]`, found {}", list.kind()));
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let field = format!("{FIELD}[{i}]");
+            let Some(entries) = self.map(item, &field) else { continue };
+            let mut actions = None;
+            for (k, v) in entries {
+                if self.key(k, v, &field, REQUEST_DESCRIPTOR_KEYS).is_some() {
+                    actions = self.actions(v, &format!("{field}.actions"));
+                }
+            }
+            match actions {
+                Some(actions) => out.push(RequestDescriptor { actions, pos: item.pos() }),
+                None if !self.errors.iter().any(|e| e.field.starts_with(&field)) => {
+                    self.error(item.pos(), &field, "missing actions: write e.g. `- actions: [{remote_address: {}}]`");
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    fn actions(&mut self, list: &Node, field: &str) -> Option<Vec<Action>> {
+        let items = match list {
+            Node::Seq { items, .. } if !items.is_empty() => items,
+            other => {
+                self.error(
+                    other.pos(),
+                    field,
+                    format!("expected a non-empty list of actions (`- remote_address: {{}}`), found {}", other.kind()),
+                );
+                return None;
+            }
+        };
+        let before = self.errors.len();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let field = format!("{field}[{i}]");
+            let Some(entries) = self.map(item, &field) else { continue };
+            if entries.len() != 1 {
+                self.error(
+                    item.pos(),
+                    &field,
+                    format!("an action names exactly one of {}, found {} keys", ACTION_KEYS.join(", "), entries.len()),
+                );
+                continue;
+            }
+            let (k, v) = &entries[0];
+            let Some(name) = self.key(k, v, &field, ACTION_KEYS) else { continue };
+            let field = format!("{field}.{name}");
+            if let Some(action) = self.action(&name, v, &field) {
+                out.push(action);
+            }
+        }
+        (self.errors.len() == before).then_some(out)
+    }
+
+    fn action(&mut self, name: &str, v: &Node, field: &str) -> Option<Action> {
+        if name == "remote_address" {
+            return match v {
+                Node::Map { entries, .. } if entries.is_empty() => Some(Action::RemoteAddress),
+                _ if v.is_null() => Some(Action::RemoteAddress),
+                other => {
+                    self.error(
+                        other.pos(),
+                        field,
+                        format!("takes no fields: write `remote_address: {{}}`, found {}", describe(other)),
+                    );
+                    None
+                }
+            };
+        }
+        let entries = if v.is_null() { &[][..] } else { self.map(v, field)? };
+        let known = if name == "request_headers" { REQUEST_HEADERS_KEYS } else { GENERIC_KEY_KEYS };
+        let (mut header, mut key, mut value, mut skip) = (None, None, None, false);
+        for (k, v) in entries {
+            let Some(f) = self.key(k, v, field, known) else { continue };
+            let sub = format!("{field}.{f}");
+            match f.as_str() {
+                "header_name" => header = self.string(v, &sub).map(|s| (s, v.pos())),
+                "descriptor_key" => key = self.string(v, &sub).map(|s| (s, v.pos())),
+                "descriptor_value" => value = self.string(v, &sub).map(|s| (s, v.pos())),
+                _ => skip = self.boolean(v, &sub).unwrap_or(false),
+            }
+        }
+        let required = |this: &mut Self, got: Option<(String, Pos)>, f: &str, example: &str| match got {
+            Some((s, _)) if !s.is_empty() => Some(s),
+            Some((_, pos)) => {
+                this.error(pos, &format!("{field}.{f}"), format!("must not be empty: write e.g. {f}: {example}"));
+                None
+            }
+            None => {
+                this.error(v.pos(), field, format!("missing {f}: add e.g. {f}: {example}"));
+                None
+            }
+        };
+        if name == "generic_key" {
+            let value = required(self, value, "descriptor_value", "all")?;
+            let key = match key {
+                None => "generic_key".to_owned(),
+                some => required(self, some, "descriptor_key", "class")?,
+            };
+            return Some(Action::GenericKey { key, value });
+        }
+        let header_pos = header.as_ref().map(|h| h.1).unwrap_or(v.pos());
+        let header = required(self, header, "header_name", "x-api-key")?.to_ascii_lowercase();
+        let key = required(self, key, "descriptor_key", "api_key")?;
+        let valid = if header.starts_with(':') {
+            PSEUDO_HEADERS.contains(&header.as_str())
+        } else {
+            header.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        };
+        if !valid {
+            self.error(
+                header_pos,
+                &format!("{field}.header_name"),
+                format!(
+                    "`{header}` is not an HTTP header name: write a token such as x-api-key, or one of {}",
+                    PSEUDO_HEADERS.join(", ")
+                ),
+            );
+            return None;
+        }
+        Some(Action::RequestHeader { header, key, skip_if_absent: skip })
     }
 
     fn descriptors(&mut self, domain: &mut Domain, parent: u32, list: &Node, field: &str, stats: &str) {

@@ -440,3 +440,66 @@ descriptors:
     let none: &[(&str, &str)] = &[("nope", "x")];
     assert_eq!(set.match_request("d", [none]).applicable(0).count(), 0);
 }
+
+#[test]
+fn request_descriptors_parse_envoy_actions() {
+    let rules = load(
+        r#"
+domain: proxy
+request_descriptors:
+  - actions:
+      - remote_address: {}
+  - actions:
+      - request_headers: {header_name: X-Api-Key, descriptor_key: api_key}
+      - request_headers: {header_name: ":path", descriptor_key: path, skip_if_absent: true}
+      - generic_key: {descriptor_value: reads}
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 5}
+"#,
+    );
+    let d = rules.domain("proxy").unwrap().request_descriptors();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[0].actions, vec![Action::RemoteAddress]);
+    assert_eq!(
+        d[1].actions,
+        vec![
+            Action::RequestHeader { header: "x-api-key".into(), key: "api_key".into(), skip_if_absent: false },
+            Action::RequestHeader { header: ":path".into(), key: "path".into(), skip_if_absent: true },
+            Action::GenericKey { key: "generic_key".into(), value: "reads".into() },
+        ]
+    );
+    // A file without the section has none.
+    assert!(load(BASIC).domain("test-domain").unwrap().request_descriptors().is_empty());
+}
+
+#[test]
+fn bad_request_descriptors_are_positioned() {
+    let text = r#"domain: proxy
+request_descriptors:
+  - actions:
+      - remote_adress: {}
+  - actions: []
+  - actions:
+      - request_headers: {header_name: "x api", descriptor_key: k}
+      - request_headers: {header_name: ":host", descriptor_key: k}
+      - request_headers: {descriptor_key: k}
+      - generic_key: {descriptor_value: ""}
+      - {remote_address: {}, generic_key: {descriptor_value: v}}
+  - nothing: 1
+"#;
+    let errs = errors(text);
+    let has = |needle: &str| errs.iter().any(|e| e.contains(needle));
+    assert!(has("4:9: request_descriptors[0].actions[0].remote_adress: unknown field"), "{errs:#?}");
+    assert!(has("did you mean `remote_address`?"), "{errs:#?}");
+    assert!(has("5:14: request_descriptors[1].actions: expected a non-empty list"), "{errs:#?}");
+    assert!(has("7:40: request_descriptors[2].actions[0].request_headers.header_name: `x api` is not"), "{errs:#?}");
+    assert!(has("`:host` is not an HTTP header name"), "{errs:#?}");
+    assert!(has("request_descriptors[2].actions[2].request_headers: missing header_name"), "{errs:#?}");
+    assert!(has("actions[3].generic_key.descriptor_value: must not be empty"), "{errs:#?}");
+    assert!(has("actions[4]: an action names exactly one of"), "{errs:#?}");
+    assert!(has("12:5: request_descriptors[3].nothing: unknown field"), "{errs:#?}");
+    assert!(has("request_descriptors[3]: missing actions") || has("request_descriptors[3].nothing"), "{errs:#?}");
+    let list = errors("domain: p\nrequest_descriptors: 3\n");
+    assert!(list[0].contains("2:22: request_descriptors: expected a list"), "{list:#?}");
+}

@@ -1,0 +1,247 @@
+//! What the layer asks for each request: the [`Decide`] trait, and the two
+//! deciders this crate offers — [`RulesDecider`] (a rules domain, its
+//! `request_descriptors`, any store) and [`KeyedLimit`] (one limit per key,
+//! as `governor` users know it).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use floodgate_core::limiter::{Limiter, Outcome, RuleCheck};
+use floodgate_core::rules::{Rule, RuleSet};
+use floodgate_core::{Decision, Limit, MemoryStore, Store};
+use http::HeaderName;
+
+use crate::descriptors::{self, DescriptorError, RequestFacts};
+
+/// The answer for one HTTP request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    /// Whether the request may go ahead.
+    pub allowed: bool,
+    /// For a denial: the wait after which the same request could pass
+    /// (`None` when no wait helps).
+    pub retry_after: Option<Duration>,
+    /// For an allowed request under a shaping limit: how long to hold it.
+    pub delay: Duration,
+    /// The limit the rate-limit headers describe (`None`: no limit applied).
+    pub headline: Option<Headline>,
+}
+
+/// The limit the rate-limit headers describe, and its decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Headline {
+    /// The rule's `name`.
+    pub name: Option<String>,
+    /// Requests per window.
+    pub requests_per_unit: u64,
+    /// The window.
+    pub window: Duration,
+    /// The decision.
+    pub decision: Decision,
+}
+
+impl Answer {
+    /// The answer of a limiter's `outcome` for `checks`.
+    pub fn of(checks: &[RuleCheck<'_>], outcome: &Outcome) -> Self {
+        let headline = outcome.headline_index().and_then(|i| {
+            let limit = checks[i].rule.limit.as_ref()?;
+            Some(Headline {
+                name: checks[i].rule.name.clone(),
+                requests_per_unit: limit.limit(),
+                window: limit.window(),
+                decision: outcome.verdicts[i].decision?,
+            })
+        });
+        Answer { allowed: outcome.allowed, retry_after: outcome.retry_after(), delay: outcome.delay(), headline }
+    }
+
+    /// An allowed answer with no limit (nothing matched).
+    pub fn unlimited() -> Self {
+        Answer { allowed: true, ..Answer::default() }
+    }
+}
+
+/// A decision could not be made; the layer answers with `status` and the
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DecideError {
+    /// The HTTP status to answer with (500 for a server misconfiguration,
+    /// 400 for a request the decider refuses).
+    pub status: http::StatusCode,
+    /// What went wrong, for the response body and the log.
+    pub message: String,
+}
+
+impl From<DescriptorError> for DecideError {
+    fn from(e: DescriptorError) -> Self {
+        DecideError { status: http::StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string() }
+    }
+}
+
+/// Decides HTTP requests. Implemented by [`RulesDecider`], [`KeyedLimit`]
+/// and the service's rule engine (overrides, metrics) in `floodgate-server`.
+pub trait Decide: Send + Sync + 'static {
+    /// Decide one request. Store failures are the rules' failure policies'
+    /// business and do not surface here.
+    fn decide(&self, facts: &RequestFacts<'_>) -> impl Future<Output = Result<Answer, DecideError>> + Send;
+}
+
+/// One rules domain over a store: each request's descriptors are built by
+/// the domain's `request_descriptors` (by default the one descriptor
+/// `remote_address = <client IP>`) and decided against its rules, all or
+/// nothing. The rules can be replaced at run time.
+pub struct RulesDecider<S> {
+    rules: ArcSwap<RuleSet>,
+    domain: String,
+    limiter: Limiter<S>,
+}
+
+impl<S> std::fmt::Debug for RulesDecider<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RulesDecider").field("domain", &self.domain).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> RulesDecider<S> {
+    /// Decide `domain` of `rules` against `store`; `failure_mode: local`
+    /// rules fall back to a private in-memory store.
+    pub fn new(rules: RuleSet, domain: impl Into<String>, store: S) -> Self {
+        Self::with_limiter(rules, domain, Limiter::new(store, MemoryStore::new()))
+    }
+
+    /// The same with a limiter of your own.
+    pub fn with_limiter(rules: RuleSet, domain: impl Into<String>, limiter: Limiter<S>) -> Self {
+        Self { rules: ArcSwap::from_pointee(rules), domain: domain.into(), limiter }
+    }
+
+    /// Swap in new rules; requests in flight finish on the old ones. Counters
+    /// live in the store, keyed by descriptor and limit, so an unchanged
+    /// limit keeps its count.
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        self.limiter.store()
+    }
+}
+
+impl<S: Store + 'static> Decide for RulesDecider<S> {
+    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+        let rules = self.rules.load_full();
+        let Some(domain) = rules.domain(&self.domain) else { return Ok(Answer::unlimited()) };
+        let templates = match domain.request_descriptors() {
+            [] => descriptors::default_descriptors(),
+            t => t,
+        };
+        let descs = descriptors::build(templates, facts)?;
+        let matched = rules.match_request(&self.domain, descs.iter().map(Vec::as_slice));
+        let mut planned: Vec<(String, &Rule)> = Vec::new();
+        for (d, m) in matched.descriptors.iter().enumerate() {
+            if let Some(m) = m {
+                planned.extend(matched.applicable(d).map(|(i, rule)| (m.counter_key(i), rule)));
+            }
+        }
+        if planned.is_empty() {
+            return Ok(Answer::unlimited());
+        }
+        let checks: Vec<RuleCheck<'_>> = planned.iter().map(|(key, rule)| RuleCheck { key, rule, hits: 1 }).collect();
+        let outcome = self.limiter.check(&checks).await;
+        Ok(Answer::of(&checks, &outcome))
+    }
+}
+
+/// Where a [`KeyedLimit`] takes each request's key from.
+#[derive(Clone)]
+pub enum Key {
+    /// The client's IP address (peer, or trusted forwarding hop).
+    ClientIp,
+    /// A request header's value; requests without it are not limited.
+    Header(HeaderName),
+    /// Your function; `None` leaves the request unlimited.
+    Custom(Arc<dyn Fn(&RequestFacts<'_>) -> Option<String> + Send + Sync>),
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::ClientIp => f.write_str("ClientIp"),
+            Key::Header(h) => f.debug_tuple("Header").field(h).finish(),
+            Key::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+impl Key {
+    /// A key computed by `f`.
+    pub fn custom(f: impl Fn(&RequestFacts<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
+        Key::Custom(Arc::new(f))
+    }
+
+    fn of(&self, facts: &RequestFacts<'_>) -> Result<Option<String>, DescriptorError> {
+        Ok(match self {
+            Key::ClientIp => Some(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?.to_string()),
+            Key::Header(h) => facts.headers.get(h).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            Key::Custom(f) => f(facts),
+        })
+    }
+}
+
+/// One limit, one counter per key: the simplest decider.
+///
+/// ```
+/// use floodgate_core::{Algorithm, Limit, MemoryStore};
+/// use floodgate_tower::{Key, KeyedLimit};
+/// use std::time::Duration;
+/// // 10 requests a second per client address, bursts of 20.
+/// let limit = Limit::new(Algorithm::Gcra { burst: Some(20) }, 10, Duration::from_secs(1)).unwrap();
+/// let decider = KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new());
+/// ```
+pub struct KeyedLimit<S> {
+    rule: Rule,
+    key: Key,
+    limiter: Limiter<S>,
+}
+
+impl<S> std::fmt::Debug for KeyedLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedLimit").field("limit", &self.rule.limit).field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> KeyedLimit<S> {
+    /// `limit` per distinct `key`, counted in `store` (fails open when the
+    /// store fails; use a rules file for other failure modes).
+    pub fn new(limit: Limit, key: Key, store: S) -> Self {
+        Self {
+            rule: Rule::from_limit(limit, "tower".to_owned()),
+            key,
+            limiter: Limiter::new(store, MemoryStore::new()),
+        }
+    }
+
+    /// Name the limit (the IETF headers' policy name).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.rule.name = Some(name.into());
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        self.limiter.store()
+    }
+}
+
+impl<S: Store + 'static> Decide for KeyedLimit<S> {
+    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+        let Some(key) = self.key.of(facts)? else { return Ok(Answer::unlimited()) };
+        let checks = [RuleCheck { key: &key, rule: &self.rule, hits: 1 }];
+        let outcome = self.limiter.check(&checks).await;
+        Ok(Answer::of(&checks, &outcome))
+    }
+}
