@@ -11,6 +11,7 @@ pub mod http;
 pub mod json;
 pub mod metrics;
 pub mod overrides;
+pub mod proxy;
 pub mod reload;
 pub mod serve;
 pub mod service;

@@ -21,16 +21,19 @@ pub enum Protocol {
     Json,
     /// `POST /v1/check`.
     Check,
+    /// The reverse proxy (`floodgate proxy`).
+    Proxy,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 3] = [Protocol::Grpc, Protocol::Json, Protocol::Check];
+    const ALL: [Protocol; 4] = [Protocol::Grpc, Protocol::Json, Protocol::Check, Protocol::Proxy];
 
     fn as_str(self) -> &'static str {
         match self {
             Protocol::Grpc => "grpc",
             Protocol::Json => "json",
             Protocol::Check => "check",
+            Protocol::Proxy => "proxy",
         }
     }
 }
@@ -75,8 +78,8 @@ type ByRule = HashMap<String, HashMap<String, Arc<RuleCounters>>>;
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// Requests by protocol and result (ok, over_limit, error).
-    requests: [[AtomicU64; 3]; 3],
-    latency: [Histogram; 3],
+    requests: [[AtomicU64; 3]; Protocol::ALL.len()],
+    latency: [Histogram; Protocol::ALL.len()],
     rules: RwLock<ByRule>,
     /// Store errors by kind: full, unavailable.
     store_errors: [AtomicU64; 2],

@@ -17,8 +17,10 @@ use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{MemoryStore, OnFull};
 use floodgate_redis::{RedisConfig, RedisStore};
+use floodgate_tower::RateLimitLayer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::Backend;
 use crate::admin::{self, AdminState};
@@ -27,6 +29,7 @@ use crate::headers::HeaderMode;
 use crate::http::{self, HttpState};
 use crate::metrics::Metrics;
 use crate::overrides::Overrides;
+use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::reload::{Rules, WatchOptions, Watcher, watch};
 use crate::service::Service;
 use crate::store::ServerStore;
@@ -36,10 +39,10 @@ use crate::store::ServerStore;
 pub struct Config {
     /// The rules directory.
     pub rules_dir: PathBuf,
-    /// RLS gRPC address.
-    pub grpc_addr: SocketAddr,
-    /// HTTP API address.
-    pub http_addr: SocketAddr,
+    /// RLS gRPC address (`None`: no gRPC server).
+    pub grpc_addr: Option<SocketAddr>,
+    /// HTTP API address (`None`: no HTTP API).
+    pub http_addr: Option<SocketAddr>,
     /// Admin API address.
     pub admin_addr: SocketAddr,
     /// Bearer token for the admin API.
@@ -62,14 +65,16 @@ pub struct Config {
     /// serving the connections handed to it round-robin (no work stealing,
     /// no cross-thread wake-ups); 0 serves gRPC on the shared runtime.
     pub grpc_threads: usize,
+    /// The reverse proxy, when one is served.
+    pub proxy: Option<ProxyConfig>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             rules_dir: PathBuf::from("examples/config"),
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
-            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            grpc_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
+            http_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             headers: HeaderMode::default(),
@@ -80,6 +85,7 @@ impl Default for Config {
             body_limit: http::DEFAULT_BODY_LIMIT,
             shutdown_grace: Duration::from_secs(10),
             grpc_threads: 0,
+            proxy: None,
         }
     }
 }
@@ -245,15 +251,21 @@ impl Prepared {
         &self.service
     }
 
-    /// Bind the three addresses (port 0 picks a free port).
+    /// Bind the configured addresses (port 0 picks a free port).
     pub async fn bind(self) -> Result<Bound, ServeError> {
-        let bind = |what: &'static str, addr: SocketAddr| async move {
-            TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { what, addr, source })
+        let bind = |what: &'static str, addr: Option<SocketAddr>| async move {
+            match addr {
+                Some(addr) => {
+                    TcpListener::bind(addr).await.map(Some).map_err(|source| ServeError::Bind { what, addr, source })
+                }
+                None => Ok(None),
+            }
         };
         let grpc = bind("gRPC", self.config.grpc_addr).await?;
         let http = bind("HTTP", self.config.http_addr).await?;
-        let admin = bind("admin", self.config.admin_addr).await?;
-        Ok(Bound { prepared: self, grpc, http, admin })
+        let admin = bind("admin", Some(self.config.admin_addr)).await?.expect("an admin address is always bound");
+        let proxy = bind("proxy", self.config.proxy.as_ref().map(|p| p.listen)).await?;
+        Ok(Bound { prepared: self, grpc, http, admin, proxy })
     }
 }
 
@@ -261,20 +273,26 @@ impl Prepared {
 #[derive(Debug)]
 pub struct Bound {
     prepared: Prepared,
-    grpc: TcpListener,
-    http: TcpListener,
+    grpc: Option<TcpListener>,
+    http: Option<TcpListener>,
     admin: TcpListener,
+    proxy: Option<TcpListener>,
 }
 
 impl Bound {
     /// The bound gRPC address.
-    pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc.local_addr().unwrap_or(self.prepared.config.grpc_addr)
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The bound HTTP address.
-    pub fn http_addr(&self) -> SocketAddr {
-        self.http.local_addr().unwrap_or(self.prepared.config.http_addr)
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The bound proxy address.
+    pub fn proxy_addr(&self) -> Option<SocketAddr> {
+        self.proxy.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The bound admin address.
@@ -285,8 +303,9 @@ impl Bound {
     /// Serve until `shutdown` completes; then stop accepting, finish the
     /// requests in flight (at most the grace period) and return.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
-        let (grpc_addr, http_addr, admin_addr) = (self.grpc_addr(), self.http_addr(), self.admin_addr());
-        let Bound { prepared, grpc, http, admin } = self;
+        let (grpc_addr, http_addr, admin_addr, proxy_addr) =
+            (self.grpc_addr(), self.http_addr(), self.admin_addr(), self.proxy_addr());
+        let Bound { prepared, grpc, http, admin, proxy } = self;
         let Prepared { config, service } = prepared;
         let _watcher: Option<Watcher> = if config.watch {
             let opts = WatchOptions::default();
@@ -302,42 +321,51 @@ impl Bound {
         };
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = watch::channel(false);
+        // Every server is one task naming itself; the first to stop on its
+        // own (a failure) stops the rest.
+        let mut servers: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
 
         let health = tonic_health::server::HealthReporter::new();
-        let health_service: Health = tonic_health::pb::health_server::HealthServer::new(
-            tonic_health::server::HealthService::from_health_reporter(health.clone()),
-        );
-        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
-        health
-            .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
-            .await;
-        let (service_for_grpc, grpc_stop) = (service.clone(), stop_rx.clone());
-        let grpc_task = if config.grpc_threads == 0 {
-            let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-            tokio::spawn(serve_grpc(incoming, service_for_grpc, health_service, config.headers, grpc_stop))
-        } else {
-            tokio::spawn(per_thread_grpc(
-                config.grpc_threads,
-                grpc,
-                service_for_grpc,
-                health_service,
-                config.headers,
-                grpc_stop,
-            ))
-        };
-        let http_state =
-            Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
-        let http_task = tokio::spawn(
-            axum::serve(http, http::router(http_state, config.body_limit))
+        if let Some(grpc) = grpc {
+            let health_service: Health = tonic_health::pb::health_server::HealthServer::new(
+                tonic_health::server::HealthService::from_health_reporter(health.clone()),
+            );
+            health.set_service_status("", tonic_health::ServingStatus::Serving).await;
+            health
+                .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
+                .await;
+            let (service, stop, headers, threads) =
+                (service.clone(), stop_rx.clone(), config.headers, config.grpc_threads);
+            servers.spawn(async move {
+                let r = if threads == 0 {
+                    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+                    serve_grpc(incoming, service, health_service, headers, stop).await
+                } else {
+                    per_thread_grpc(threads, grpc, service, health_service, headers, stop).await
+                };
+                ("gRPC", r)
+            });
+        }
+        if let Some(http) = http {
+            let state =
+                Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
+            let serving = axum::serve(http, http::router(state, config.body_limit))
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        );
+                .into_future();
+            servers.spawn(async move { ("HTTP", serving.await.map_err(|e| e.to_string())) });
+        }
         let admin_state = Arc::new(AdminState { service: service.clone(), token: config.admin_token.clone() });
-        let admin_task = tokio::spawn(
-            axum::serve(admin, admin::router(admin_state))
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        );
+        let serving = axum::serve(admin, admin::router(admin_state))
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future();
+        servers.spawn(async move { ("admin", serving.await.map_err(|e| e.to_string())) });
+        if let (Some(listener), Some(p)) = (proxy, &config.proxy) {
+            let decider = ServiceDecider::new(service.clone(), p.domain.clone());
+            let layer = RateLimitLayer::new(decider).trusted_proxies(p.trusted.clone()).headers(config.headers);
+            let forward = Forward::new(p.upstream.clone(), p.upstream_timeout);
+            let serving = serve_proxy(listener, layer, forward, p.header_timeout, stop_rx.clone());
+            servers.spawn(async move { ("proxy", serving.await) });
+        }
         // With Redis, overrides are shared: keep this instance in step.
         let sharing = match (service.store(), service.overrides()) {
             (ServerStore::Redis(redis), Some(o)) => Some(tokio::spawn(o.share(redis.shared_map("overrides")))),
@@ -353,14 +381,24 @@ impl Bound {
                 }
             })
         };
-        tracing::info!(%grpc_addr, %http_addr, %admin_addr, rules = %config.rules_dir.display(), "floodgate serving");
+        let show = |a: Option<SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        tracing::info!(
+            grpc_addr = %show(grpc_addr),
+            http_addr = %show(http_addr),
+            %admin_addr,
+            proxy_addr = %show(proxy_addr),
+            upstream = %config.proxy.as_ref().map_or_else(String::new, |p| p.upstream.to_string()),
+            rules = %config.rules_dir.display(),
+            "floodgate serving"
+        );
 
-        let mut tasks = (grpc_task, http_task, admin_task);
         let failed: Option<String> = tokio::select! {
             () = shutdown => None,
-            r = &mut tasks.0 => Some(format!("gRPC server stopped: {r:?}")),
-            r = &mut tasks.1 => Some(format!("HTTP server stopped: {r:?}")),
-            r = &mut tasks.2 => Some(format!("admin server stopped: {r:?}")),
+            Some(r) = servers.join_next() => Some(match r {
+                Ok((what, Ok(()))) => format!("the {what} server stopped"),
+                Ok((what, Err(e))) => format!("the {what} server failed: {e}"),
+                Err(e) => format!("a server task failed: {e}"),
+            }),
         };
         tracing::info!("shutting down: no new connections; finishing requests in flight");
         draining.store(true, Ordering::Relaxed);
@@ -370,11 +408,7 @@ impl Bound {
         if let Some(s) = sharing {
             s.abort();
         }
-        let all = async {
-            let _ = tasks.0.await;
-            let _ = tasks.1.await;
-            let _ = tasks.2.await;
-        };
+        let all = async { while servers.join_next().await.is_some() {} };
         if tokio::time::timeout(config.shutdown_grace, all).await.is_err() {
             tracing::warn!(grace = ?config.shutdown_grace, "requests still in flight after the grace period; stopping anyway");
         }

@@ -123,6 +123,9 @@ pub struct Answer {
     /// For a denial: the wait after which the same request could pass
     /// (`None` when no wait helps).
     pub retry_after: Option<Duration>,
+    /// For an allowed request under a shaping limit: how long the proxy or
+    /// tower layer holds it (RLS has no such field and ignores it).
+    pub delay: Duration,
 }
 
 /// Rules, overrides, a store and metrics: everything a decision needs.
@@ -235,7 +238,13 @@ impl<S: Store> Service<S> {
             })
             .collect();
         let headline = outcome.headline_index().and_then(|i| reported(&checks[i], &outcome.verdicts[i]));
-        Ok(Answer { allowed: outcome.allowed, statuses, headline, retry_after: outcome.retry_after() })
+        Ok(Answer {
+            allowed: outcome.allowed,
+            statuses,
+            headline,
+            retry_after: outcome.retry_after(),
+            delay: outcome.delay(),
+        })
     }
 }
 

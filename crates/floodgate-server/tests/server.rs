@@ -65,8 +65,8 @@ impl Server {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let config = Config {
             rules_dir: dir.0.join("rules"),
-            grpc_addr: any,
-            http_addr: any,
+            grpc_addr: Some(any),
+            http_addr: Some(any),
             admin_addr: any,
             admin_token: token.map(str::to_owned),
             overrides_file: Some(dir.0.join("overrides.redb")),
@@ -75,7 +75,7 @@ impl Server {
             ..Config::default()
         };
         let bound = prepare(config).unwrap().bind().await.unwrap();
-        let (grpc, http, admin) = (bound.grpc_addr(), bound.http_addr(), bound.admin_addr());
+        let (grpc, http, admin) = (bound.grpc_addr().unwrap(), bound.http_addr().unwrap(), bound.admin_addr());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             bound

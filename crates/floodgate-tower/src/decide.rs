@@ -155,6 +155,9 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
     }
 }
 
+/// A function giving a request's key.
+pub type KeyFn = Arc<dyn Fn(&RequestFacts<'_>) -> Option<String> + Send + Sync>;
+
 /// Where a [`KeyedLimit`] takes each request's key from.
 #[derive(Clone)]
 pub enum Key {
@@ -163,7 +166,7 @@ pub enum Key {
     /// A request header's value; requests without it are not limited.
     Header(HeaderName),
     /// Your function; `None` leaves the request unlimited.
-    Custom(Arc<dyn Fn(&RequestFacts<'_>) -> Option<String> + Send + Sync>),
+    Custom(KeyFn),
 }
 
 impl std::fmt::Debug for Key {

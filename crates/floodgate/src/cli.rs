@@ -32,6 +32,10 @@ pub(crate) enum Command {
     /// admin API and metrics. With no arguments it serves the bundled
     /// example rules (examples/config) from the in-memory store.
     Serve(ServeArgs),
+    /// Run a rate-limiting reverse proxy in front of one HTTP upstream:
+    /// requests over their limit get 429 with Retry-After and rate-limit
+    /// headers, shaping limits delay them, the rest are forwarded.
+    Proxy(ProxyArgs),
     /// Ask a running server for one decision over gRPC and print it; exit 0
     /// when allowed, 1 when denied, 2 when the server cannot be reached.
     Check(CheckArgs),
@@ -42,15 +46,64 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+    /// Envoy RLS v3 gRPC address (port 0 picks a free port; the bound one is
+    /// logged; `none` serves no gRPC).
+    #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub(crate) grpc_addr: String,
+    /// HTTP API address (/json, /v1/check, /healthz, /readyz, /metrics; `none`: off).
+    #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub(crate) http_addr: String,
+    /// Largest HTTP request body, in bytes.
+    #[arg(long, env = "FLOODGATE_BODY_LIMIT", default_value_t = 65536)]
+    pub(crate) body_limit: usize,
+    /// Serve gRPC on this many single-threaded runtimes, connections handed
+    /// out round-robin (default: one per core; 0: on the shared runtime).
+    #[arg(long, env = "FLOODGATE_GRPC_THREADS")]
+    pub(crate) grpc_threads: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ProxyArgs {
+    /// Where to forward requests: http://HOST:PORT[/BASE/PATH].
+    #[arg(long, env = "FLOODGATE_UPSTREAM")]
+    pub(crate) upstream: String,
+    /// Where clients connect (HTTP/1.1 and HTTP/2).
+    #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:8000")]
+    pub(crate) listen: String,
+    /// The rules domain requests are decided in; its `request_descriptors`
+    /// build the descriptors (default: remote_address = client IP).
+    #[arg(long, env = "FLOODGATE_DOMAIN", default_value = "proxy")]
+    pub(crate) domain: String,
+    /// Proxies in front of this one (comma-separated CIDRs: 10.0.0.0/8,::1)
+    /// whose forwarding header is believed; the client is the right-most
+    /// hop not among them. Default: none (the peer address is the client).
+    #[arg(long, env = "FLOODGATE_TRUSTED_PROXIES", default_value = "")]
+    pub(crate) trusted_proxies: String,
+    /// The header the trusted proxies append to: x-forwarded-for or forwarded.
+    #[arg(long, env = "FLOODGATE_FORWARDED_HEADER", default_value = "x-forwarded-for")]
+    pub(crate) forwarded_header: String,
+    /// The longest the upstream may take to start its response (then 504).
+    #[arg(long, env = "FLOODGATE_UPSTREAM_TIMEOUT", default_value = "30s")]
+    pub(crate) upstream_timeout: String,
+    /// The longest a client may take to send a request's head.
+    #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT", default_value = "10s")]
+    pub(crate) header_timeout: String,
+    /// HTTP API address for /metrics, /healthz, /readyz (and /json,
+    /// /v1/check); `none`: off.
+    #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "none")]
+    pub(crate) http_addr: String,
+    #[command(flatten)]
+    pub(crate) common: CommonArgs,
+}
+
+/// The settings `serve` and `proxy` share.
+#[derive(Debug, Args)]
+pub(crate) struct CommonArgs {
     /// Rules directory (default: the bundled examples/config).
     #[arg(long, env = "FLOODGATE_CONFIG")]
     pub(crate) config: Option<PathBuf>,
-    /// Envoy RLS v3 gRPC address (port 0 picks a free port; the bound one is logged).
-    #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
-    pub(crate) grpc_addr: String,
-    /// HTTP API address (/json, /v1/check, /healthz, /readyz, /metrics).
-    #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
-    pub(crate) http_addr: String,
     /// Admin API address; a non-loopback address needs --admin-token.
     #[arg(long, env = "FLOODGATE_ADMIN_ADDR", default_value = "127.0.0.1:9090")]
     pub(crate) admin_addr: String,
@@ -87,16 +140,9 @@ pub(crate) struct ServeArgs {
     /// How long shutdown waits for requests in flight: 10s, 500ms...
     #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", default_value = "10s")]
     pub(crate) shutdown_grace: String,
-    /// Largest HTTP request body, in bytes.
-    #[arg(long, env = "FLOODGATE_BODY_LIMIT", default_value_t = 65536)]
-    pub(crate) body_limit: usize,
     /// Worker threads (default: one per core).
     #[arg(long, env = "FLOODGATE_WORKERS")]
     pub(crate) workers: Option<usize>,
-    /// Serve gRPC on this many single-threaded runtimes, connections handed
-    /// out round-robin (default: one per core; 0: on the shared runtime).
-    #[arg(long, env = "FLOODGATE_GRPC_THREADS")]
-    pub(crate) grpc_threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]

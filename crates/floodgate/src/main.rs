@@ -30,6 +30,7 @@ fn main() -> ExitCode {
         cli::Command::Simulate(args) => simulate::run(&args),
         cli::Command::Validate(args) => validate::run(&args),
         cli::Command::Serve(args) => serve::run(&args),
+        cli::Command::Proxy(args) => serve::run_proxy(&args),
         cli::Command::Check(args) => check::run(&args),
         cli::Command::Bench(args) => bench::run(&args),
     };

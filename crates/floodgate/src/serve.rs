@@ -1,13 +1,18 @@
-//! `floodgate serve`: parse and validate every setting and the rules, then
-//! bind, then serve until SIGTERM or SIGINT, then drain and exit 0.
+//! `floodgate serve` and `floodgate proxy`: parse and validate every setting
+//! and the rules, then bind, then serve until SIGTERM or SIGINT, then drain
+//! and exit 0.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use floodgate_core::parse_duration;
-use floodgate_server::serve::{Config, ServeError, prepare};
+use std::time::Duration;
 
-use crate::cli::ServeArgs;
+use floodgate_server::proxy::{ProxyConfig, Upstream};
+use floodgate_server::serve::{Config, ServeError, prepare};
+use floodgate_tower::{ForwardedHeader, TrustedProxies};
+
+use crate::cli::{CommonArgs, ProxyArgs, ServeArgs};
 use crate::exit::Failure;
 
 /// The bundled example rules: `examples/config` under the working
@@ -28,7 +33,61 @@ fn addr(flag: &str, s: &str) -> Result<SocketAddr, Failure> {
     })
 }
 
-fn config(args: &ServeArgs) -> Result<Config, Failure> {
+/// An address, or `none` for a server that is not started.
+fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Failure> {
+    match s {
+        "none" | "off" | "" => Ok(None),
+        s => addr(flag, s).map(Some),
+    }
+}
+
+fn duration(flag: &str, s: &str) -> Result<Duration, Failure> {
+    match parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(Failure::usage(format!("--{flag}: give a positive duration, e.g. 10s"))),
+        Err(e) => Err(Failure::usage(format!("--{flag}: {e}"))),
+    }
+}
+
+fn serve_config(args: &ServeArgs) -> Result<Config, Failure> {
+    Ok(Config {
+        grpc_addr: optional_addr("grpc-addr", &args.grpc_addr)?,
+        http_addr: optional_addr("http-addr", &args.http_addr)?,
+        body_limit: args.body_limit,
+        grpc_threads: args
+            .grpc_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),
+        ..common_config(&args.common)?
+    })
+}
+
+fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
+    let upstream: Upstream = args.upstream.parse().map_err(|e| Failure::usage(format!("--upstream {e}")))?;
+    let mut trusted = TrustedProxies::parse_list(&args.trusted_proxies)
+        .map_err(|e| Failure::usage(format!("--trusted-proxies: {e}")))?;
+    let header: ForwardedHeader =
+        args.forwarded_header.parse().map_err(|e: String| Failure::usage(format!("--forwarded-header: {e}")))?;
+    trusted = trusted.header(header);
+    if args.domain.is_empty() {
+        return Err(Failure::usage("--domain: give the rules domain requests are decided in, e.g. proxy"));
+    }
+    let proxy = ProxyConfig {
+        listen: addr("listen", &args.listen)?,
+        upstream,
+        domain: args.domain.clone(),
+        trusted,
+        upstream_timeout: duration("upstream-timeout", &args.upstream_timeout)?,
+        header_timeout: duration("header-timeout", &args.header_timeout)?,
+    };
+    Ok(Config {
+        grpc_addr: None,
+        http_addr: optional_addr("http-addr", &args.http_addr)?,
+        proxy: Some(proxy),
+        ..common_config(&args.common)?
+    })
+}
+
+fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     let redis = match args.store.as_str() {
         "memory" => None,
         other => {
@@ -58,8 +117,6 @@ fn config(args: &ServeArgs) -> Result<Config, Failure> {
     };
     Ok(Config {
         rules_dir: args.config.clone().unwrap_or_else(default_rules_dir),
-        grpc_addr: addr("grpc-addr", &args.grpc_addr)?,
-        http_addr: addr("http-addr", &args.http_addr)?,
         admin_addr: addr("admin-addr", &args.admin_addr)?,
         admin_token: args.admin_token.clone(),
         headers,
@@ -67,11 +124,8 @@ fn config(args: &ServeArgs) -> Result<Config, Failure> {
         redis,
         max_keys: args.max_keys,
         watch: !args.no_watch,
-        body_limit: args.body_limit,
         shutdown_grace: grace,
-        grpc_threads: args
-            .grpc_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),
+        ..Config::default()
     })
 }
 
@@ -110,8 +164,17 @@ async fn shutdown_signal() {
     }
 }
 
+/// `floodgate serve`.
 pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
-    let config = config(args)?;
+    start(serve_config(args)?, &args.common)
+}
+
+/// `floodgate proxy`.
+pub(crate) fn run_proxy(args: &ProxyArgs) -> Result<(), Failure> {
+    start(proxy_config(args)?, &args.common)
+}
+
+fn start(config: Config, args: &CommonArgs) -> Result<(), Failure> {
     init_logging(&args.log_format)?;
     let prepared = prepare(config).map_err(|e| match e {
         ServeError::Config(m) => Failure::usage(m),

@@ -47,6 +47,8 @@ pub struct Served {
     pub grpc: String,
     pub http: String,
     pub admin: String,
+    /// The proxy's address (`floodgate proxy` only).
+    pub proxy: String,
     _dir: TempDir,
 }
 
@@ -54,13 +56,24 @@ impl Served {
     /// Serve `rules` (YAML documents separated by `---` lines, one file
     /// each) with an overrides file of its own, plus `args`.
     pub fn start(name: &str, rules: &str, args: &[&str]) -> Served {
+        Self::launch(name, rules, &["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], args)
+    }
+
+    /// `floodgate proxy` in front of `upstream` on free ports (with the
+    /// HTTP API on for metrics), the rules as for [`Served::start`].
+    pub fn proxy(name: &str, rules: &str, upstream: &str, args: &[&str]) -> Served {
+        let head = ["proxy", "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--upstream", upstream];
+        Self::launch(name, rules, &head, args)
+    }
+
+    fn launch(name: &str, rules: &str, head: &[&str], args: &[&str]) -> Served {
         let dir = TempDir::new(name);
         for (i, doc) in rules.split("---\n").enumerate() {
             dir.write(&format!("rules/{i}.yaml"), doc);
         }
         let mut child = floodgate()
-            .args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--admin-addr", "127.0.0.1:0", "--config"])
+            .args(head)
+            .args(["--log-format", "json", "--admin-addr", "127.0.0.1:0", "--config"])
             .arg(dir.0.join("rules"))
             .arg("--overrides-file")
             .arg(dir.0.join("overrides.redb"))
@@ -79,7 +92,14 @@ impl Served {
         // Keep draining the log so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
-        Served { grpc: field("grpc_addr"), http: field("http_addr"), admin: field("admin_addr"), child, _dir: dir }
+        Served {
+            grpc: field("grpc_addr"),
+            http: field("http_addr"),
+            admin: field("admin_addr"),
+            proxy: field("proxy_addr"),
+            child,
+            _dir: dir,
+        }
     }
 
     /// SIGTERM, then the exit code (within 10 s).

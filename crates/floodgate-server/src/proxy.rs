@@ -1,0 +1,385 @@
+//! The reverse proxy (`floodgate proxy`): every request is decided by the
+//! service (rules, overrides, metrics, any store) through the tower layer,
+//! then forwarded to one upstream, held for a shaping delay first, or
+//! answered `429` here.
+//!
+//! * Descriptors come from the domain's `request_descriptors` (hot reloaded
+//!   with the rules); without any, each request carries `remote_address =
+//!   <client IP>`.
+//! * Bodies stream both ways: nothing is buffered whole.
+//! * Upstream unreachable or failing: `502`; no response headers within
+//!   the upstream timeout: `504`.
+//! * HTTP/1.1 (keep-alive) and HTTP/2 (prior knowledge) from clients;
+//!   HTTP/1.1 to the upstream over a keep-alive pool.
+//! * A client slower than the header timeout to send its request head is
+//!   disconnected; every connection is its own task, so a slow client
+//!   never stalls another.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use floodgate_core::Store;
+use floodgate_tower::{
+    Answer, Decide, DecideError, Headline, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
+    default_descriptors,
+};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower_layer::Layer;
+use tower_service::Service as _;
+
+use crate::metrics::Protocol;
+use crate::service::{Descriptor, Request as RlsRequest, Service};
+
+/// The proxy's settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// Where requests go.
+    pub upstream: Upstream,
+    /// The rules domain requests are decided in.
+    pub domain: String,
+    /// Proxies in front of this one whose forwarding header is believed.
+    pub trusted: TrustedProxies,
+    /// The longest the upstream may take to start its response (504 after).
+    pub upstream_timeout: Duration,
+    /// The longest a client may take to send a request head.
+    pub header_timeout: Duration,
+}
+
+/// The upstream: `http://host:port[/base/path]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    authority: http::uri::Authority,
+    /// Prefix of every forwarded path, without a trailing `/` ("" for none).
+    base: String,
+}
+
+impl FromStr for Upstream {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL ({e}): write e.g. http://127.0.0.1:3000"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(format!(
+                    "`{s}`: https upstreams are not supported; proxy to the service's plain-HTTP address \
+                     (floodgate usually runs beside it), e.g. http://127.0.0.1:3000"
+                ));
+            }
+            _ => return Err(format!("`{s}`: give an http:// URL, e.g. http://127.0.0.1:3000")),
+        }
+        let authority = uri.authority().cloned().ok_or_else(|| format!("`{s}`: the URL has no host"))?;
+        if uri.query().is_some() {
+            return Err(format!("`{s}`: an upstream URL takes no query string"));
+        }
+        let base = uri.path().trim_end_matches('/').to_owned();
+        Ok(Upstream { authority, base })
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.base)
+    }
+}
+
+/// The service's rules engine as the tower layer's decider: descriptors
+/// built by the domain's current `request_descriptors`, decided with
+/// overrides and metrics (`protocol="proxy"`).
+pub struct ServiceDecider<S> {
+    service: Arc<Service<S>>,
+    domain: String,
+}
+
+impl<S> ServiceDecider<S> {
+    /// Decide `domain` with `service`.
+    pub fn new(service: Arc<Service<S>>, domain: String) -> Self {
+        Self { service, domain }
+    }
+}
+
+impl<S> fmt::Debug for ServiceDecider<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceDecider").field("domain", &self.domain).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + 'static> Decide for ServiceDecider<S> {
+    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+        let descriptors = {
+            let rules = self.service.rules().current();
+            let templates = match rules.domain(&self.domain).map(|d| d.request_descriptors()) {
+                Some(t) if !t.is_empty() => t,
+                _ => default_descriptors(),
+            };
+            build_descriptors(templates, facts)?
+        };
+        if descriptors.is_empty() {
+            return Ok(Answer::unlimited());
+        }
+        let req = RlsRequest {
+            domain: self.domain.clone(),
+            descriptors: descriptors
+                .into_iter()
+                .map(|entries| Descriptor { entries, hits_addend: None, limit: None })
+                .collect(),
+            hits_addend: 1,
+        };
+        let a = self.service.decide(&req, Protocol::Proxy).await.map_err(|e| DecideError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("the descriptors built for this request are refused ({e}): check request_descriptors"),
+        })?;
+        Ok(Answer {
+            allowed: a.allowed,
+            retry_after: a.retry_after,
+            delay: a.delay,
+            headline: a.headline.map(|(info, decision)| Headline {
+                name: info.name,
+                requests_per_unit: info.requests_per_unit,
+                window: info.window,
+                decision,
+            }),
+        })
+    }
+}
+
+/// A response body of the proxy: the upstream's, streamed, or one made here.
+pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// Forwards requests to the upstream (the service inside the rate-limit
+/// layer). Never fails: upstream errors become 502 and 504 responses.
+#[derive(Clone)]
+pub struct Forward {
+    client: Client<HttpConnector, Incoming>,
+    upstream: Arc<Upstream>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Forward").field("upstream", &self.upstream).finish_non_exhaustive()
+    }
+}
+
+impl Forward {
+    /// Forward to `upstream`, waiting at most `timeout` for its response head.
+    pub fn new(upstream: Upstream, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Self { client, upstream: Arc::new(upstream), timeout }
+    }
+
+    async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let Ok(uri) = format!("http://{}{}{}", self.upstream.authority, self.upstream.base, path).parse::<Uri>() else {
+            return local(StatusCode::BAD_REQUEST, format!("400 Bad Request: cannot forward the path `{path}`\n"));
+        };
+        // HTTP/2 clients send no Host: keep the authority they asked for.
+        if !req.headers().contains_key(header::HOST)
+            && let Some(v) = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(header::HOST, v);
+        }
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        if let Some(ip) = peer {
+            append_forwarded_for(headers, ip);
+        }
+        if !headers.contains_key("x-forwarded-proto") {
+            headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        }
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => {
+                let mut resp = resp.map(BodyExt::boxed);
+                strip_hop_by_hop(resp.headers_mut());
+                resp
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(upstream = %self.upstream, error = %chain(&e), "upstream request failed");
+                local(StatusCode::BAD_GATEWAY, format!("502 Bad Gateway: upstream {}: {}\n", self.upstream, chain(&e)))
+            }
+            Err(_) => local(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("504 Gateway Timeout: upstream {} did not answer within {:?}\n", self.upstream, self.timeout),
+            ),
+        }
+    }
+}
+
+impl tower_service::Service<Request<Incoming>> for Forward {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// An error and its sources, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+fn local(status: StatusCode, text: String) -> Response<ProxyBody> {
+    let body = Full::new(Bytes::from(text)).map_err(|never: Infallible| match never {}).boxed();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp
+}
+
+/// Remove the hop-by-hop headers (RFC 9110 7.6.1): `Connection` and those it
+/// names, and the fixed list.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Append the peer to `X-Forwarded-For` (one header line, the list kept).
+fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr) {
+    let prior: Vec<String> =
+        headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).map(str::to_owned).collect();
+    let value = if prior.is_empty() { ip.to_string() } else { format!("{}, {ip}", prior.join(", ")) };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert("x-forwarded-for", v);
+    }
+}
+
+/// Serve the proxy on `listener` until `stop` reads true; then stop
+/// accepting and let open connections finish their requests.
+pub async fn serve_proxy<S: Store + 'static>(
+    listener: TcpListener,
+    layer: RateLimitLayer<ServiceDecider<S>>,
+    forward: Forward,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let svc = layer.layer(forward);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            accepted = listener.accept() => {
+                // A failed accept (out of descriptors) drops that connection.
+                let Ok((io, peer)) = accepted else { continue };
+                let _ = io.set_nodelay(true);
+                let svc = svc.clone();
+                let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(PeerAddr(peer));
+                    svc.clone().call(req)
+                });
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "proxy connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_parse_or_say_what_to_write() {
+        let u: Upstream = "http://127.0.0.1:3000/api/".parse().unwrap();
+        assert_eq!(u.to_string(), "http://127.0.0.1:3000/api");
+        assert_eq!("http://svc".parse::<Upstream>().unwrap().to_string(), "http://svc");
+        for (bad, says) in [
+            ("https://x", "https upstreams are not supported"),
+            ("ftp://x", "give an http:// URL"),
+            ("127.0.0.1:3000", "give an http:// URL"),
+            ("http://x/?a=1", "no query"),
+            ("http://", "not a URL"),
+        ] {
+            let e = bad.parse::<Upstream>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_go_and_forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("close, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
+        strip_hop_by_hop(&mut h);
+        append_forwarded_for(&mut h, "10.0.0.1".parse().unwrap());
+        assert!(h.get("connection").is_none() && h.get("x-secret").is_none() && h.get("te").is_none());
+        assert_eq!(h.get("x-keep").unwrap(), "1");
+        assert_eq!(h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(), ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
+    }
+}
