@@ -13,6 +13,7 @@
 //! The values describe the *headline* limit: the most restrictive one
 //! ([`most_restrictive`](crate::limiter::most_restrictive)).
 
+use std::fmt::{self, Write as _};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -74,41 +75,56 @@ pub fn rate_limit_headers(
     mode: HeaderMode,
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
+    write_rate_limit_headers(allowed, retry_after, headline, mode, |name, value| out.push((name, value.to_string())));
+    out
+}
+
+/// The same headers, each handed to `emit` as its name and formatting
+/// arguments, so a caller can write every value into one buffer (the tower
+/// layer does: one allocation for all of a response's values).
+pub fn write_rate_limit_headers(
+    allowed: bool,
+    retry_after: Option<Duration>,
+    headline: Option<Headline<'_>>,
+    mode: HeaderMode,
+    mut emit: impl FnMut(&'static str, fmt::Arguments<'_>),
+) {
     if !allowed && let Some(wait) = retry_after {
-        out.push(("retry-after", ceil_secs(wait).max(1).to_string()));
+        emit("retry-after", format_args!("{}", ceil_secs(wait).max(1)));
     }
-    let Some(h) = headline else { return out };
+    let Some(h) = headline else { return };
     let reset = ceil_secs(h.decision.reset_after);
     if matches!(mode, HeaderMode::XRateLimit | HeaderMode::Both) {
-        out.push(("x-ratelimit-limit", h.requests_per_unit.to_string()));
-        out.push(("x-ratelimit-remaining", h.decision.remaining.to_string()));
-        out.push(("x-ratelimit-reset", reset.to_string()));
+        emit("x-ratelimit-limit", format_args!("{}", h.requests_per_unit));
+        emit("x-ratelimit-remaining", format_args!("{}", h.decision.remaining));
+        emit("x-ratelimit-reset", format_args!("{reset}"));
     }
     if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
-        let name = sf_string(h.name.unwrap_or("default"));
-        out.push(("ratelimit-policy", format!("{name};q={};w={}", h.requests_per_unit, ceil_secs(h.window))));
-        out.push(("ratelimit", format!("{name};r={};t={reset}", h.decision.remaining)));
+        let name = SfString(h.name.unwrap_or("default"));
+        emit("ratelimit-policy", format_args!("{name};q={};w={}", h.requests_per_unit, ceil_secs(h.window)));
+        emit("ratelimit", format_args!("{name};r={};t={reset}", h.decision.remaining));
     }
-    out
 }
 
 /// An RFC 8941 sf-string: printable ASCII in quotes, `"` and `\` escaped;
 /// anything else replaced by `_`.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+struct SfString<'a>(&'a str);
+
+impl fmt::Display for SfString<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        for c in self.0.chars() {
+            match c {
+                '"' | '\\' => {
+                    f.write_char('\\')?;
+                    f.write_char(c)?;
+                }
+                ' '..='~' => f.write_char(c)?,
+                _ => f.write_char('_')?,
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
         }
+        f.write_char('"')
     }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]

@@ -181,6 +181,22 @@ impl<S: Store> Limiter<S> {
         Outcome { allowed, verdicts }
     }
 
+    /// Decide a request of one check: [`Limiter::check`] without its
+    /// allocations (the tower layer's one-limit path).
+    pub async fn check_one(&self, c: &RuleCheck<'_>) -> Verdict {
+        let shadow = c.rule.shadow_mode;
+        let Some(limit) = c.rule.limit.as_ref() else {
+            return Verdict { decision: None, shadow, failure: None };
+        };
+        match self.store.apply(c.key, limit, c.hits).await {
+            Ok(d) => Verdict { decision: Some(d), shadow, failure: None },
+            Err(e) => {
+                let mode = c.rule.failure_mode;
+                Verdict { decision: Some(self.fail(c, limit.limit(), mode)), shadow, failure: Some((e, mode)) }
+            }
+        }
+    }
+
     fn fail(&self, c: &RuleCheck<'_>, limit: u64, mode: FailureMode) -> Decision {
         let open = Decision { allowed: true, limit, remaining: limit, ..Decision::default() };
         match mode {

@@ -3,12 +3,14 @@
 //! `request_descriptors`, any store) and [`KeyedLimit`] (one limit per key,
 //! as `governor` users know it).
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use floodgate_core::limiter::{Limiter, Outcome, RuleCheck};
+use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict};
 use floodgate_core::rules::{Rule, RuleSet};
 use floodgate_core::{Decision, Limit, MemoryStore, Store};
 use http::HeaderName;
@@ -55,6 +57,24 @@ impl Answer {
             })
         });
         Answer { allowed: outcome.allowed, retry_after: outcome.retry_after(), delay: outcome.delay(), headline }
+    }
+
+    /// The answer of a request of one check and its verdict (as
+    /// [`Answer::of`] gives for a one-check outcome).
+    pub fn of_one(check: &RuleCheck<'_>, verdict: &Verdict) -> Self {
+        let allowed = !verdict.denies();
+        let decision = verdict.decision;
+        Answer {
+            allowed,
+            retry_after: if allowed { None } else { decision.and_then(|d| d.retry_after) },
+            delay: if allowed { decision.map(|d| d.delay).unwrap_or_default() } else { Duration::ZERO },
+            headline: decision.zip(check.rule.limit.as_ref()).map(|(decision, limit)| Headline {
+                name: check.rule.name.clone(),
+                requests_per_unit: limit.limit(),
+                window: limit.window(),
+                decision,
+            }),
+        }
     }
 
     /// An allowed answer with no limit (nothing matched).
@@ -185,11 +205,20 @@ impl Key {
         Key::Custom(Arc::new(f))
     }
 
-    fn of(&self, facts: &RequestFacts<'_>) -> Result<Option<String>, DescriptorError> {
+    /// The key of a request, written into `buf` when it must be formatted
+    /// (an IP address: no allocation).
+    fn of<'a>(&self, facts: &'a RequestFacts<'_>, buf: &'a mut [u8; 48]) -> Result<Option<Cow<'a, str>>, DescriptorError> {
         Ok(match self {
-            Key::ClientIp => Some(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?.to_string()),
-            Key::Header(h) => facts.headers.get(h).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            Key::Custom(f) => f(facts),
+            Key::ClientIp => {
+                let ip = facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?;
+                let mut w = &mut buf[..];
+                // An IPv6 address is at most 45 bytes: it always fits.
+                let _ = write!(w, "{ip}");
+                let len = 48 - w.len();
+                std::str::from_utf8(&buf[..len]).ok().map(Cow::Borrowed)
+            }
+            Key::Header(h) => facts.headers.get(h).map(|v| String::from_utf8_lossy(v.as_bytes())),
+            Key::Custom(f) => f(facts).map(Cow::Owned),
         })
     }
 }
@@ -242,9 +271,10 @@ impl<S: Store> KeyedLimit<S> {
 
 impl<S: Store + 'static> Decide for KeyedLimit<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
-        let Some(key) = self.key.of(facts)? else { return Ok(Answer::unlimited()) };
-        let checks = [RuleCheck { key: &key, rule: &self.rule, hits: 1 }];
-        let outcome = self.limiter.check(&checks).await;
-        Ok(Answer::of(&checks, &outcome))
+        let mut buf = [0u8; 48];
+        let Some(key) = self.key.of(facts, &mut buf)? else { return Ok(Answer::unlimited()) };
+        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
+        let verdict = self.limiter.check_one(&check).await;
+        Ok(Answer::of_one(&check, &verdict))
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use floodgate_core::headers::{HeaderMode, Headline, rate_limit_headers};
+use floodgate_core::headers::{HeaderMode, Headline, write_rate_limit_headers};
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -163,10 +163,9 @@ where
                 Ok(a) => a,
                 Err(e) => return Ok(local_response(e.status, format!("{e}\n"))),
             };
-            let headers = answer_headers(&answer, shared.headers);
             if !answer.allowed {
                 let mut resp = rejection(&answer);
-                extend(&mut resp, headers);
+                insert_answer_headers(resp.headers_mut(), &answer, shared.headers);
                 return Ok(resp);
             }
             if !answer.delay.is_zero() {
@@ -174,7 +173,7 @@ where
             }
             let resp = inner.call(Request::from_parts(parts, body)).await?;
             let mut resp = resp.map(|body| RateLimitBody::Inner { body });
-            extend(&mut resp, headers);
+            insert_answer_headers(resp.headers_mut(), &answer, shared.headers);
             Ok(resp)
         })
     }
@@ -182,34 +181,40 @@ where
 
 /// The request's peer address, from the extensions a server put there.
 fn peer_addr(ext: &http::Extensions) -> Option<SocketAddr> {
-    if let Some(p) = ext.get::<PeerAddr>() {
-        return Some(p.0);
-    }
-    if let Some(p) = ext.get::<SocketAddr>() {
-        return Some(*p);
-    }
     #[cfg(feature = "axum")]
     if let Some(p) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(p.0);
     }
-    None
+    if let Some(p) = ext.get::<PeerAddr>() {
+        return Some(p.0);
+    }
+    ext.get::<SocketAddr>().copied()
 }
 
-/// The rate-limit headers of `answer` in `mode`.
-pub fn answer_headers(answer: &Answer, mode: HeaderMode) -> Vec<(&'static str, String)> {
+/// Add the rate-limit headers of `answer` in `mode` to `headers`. Every
+/// value is written into one buffer: one allocation for all of them.
+pub fn insert_answer_headers(headers: &mut http::HeaderMap, answer: &Answer, mode: HeaderMode) {
     let headline = answer.headline.as_ref().map(|h| Headline {
         name: h.name.as_deref(),
         requests_per_unit: h.requests_per_unit,
         window: h.window,
         decision: &h.decision,
     });
-    rate_limit_headers(answer.allowed, answer.retry_after, headline, mode)
-}
-
-fn extend<B>(resp: &mut Response<B>, headers: Vec<(&'static str, String)>) {
-    for (name, value) in headers {
-        if let Ok(v) = HeaderValue::try_from(value) {
-            resp.headers_mut().insert(name, v);
+    let mut buf = bytes::BytesMut::new();
+    let mut spans: [(&'static str, usize, usize); 6] = [("", 0, 0); 6];
+    let mut n = 0;
+    write_rate_limit_headers(answer.allowed, answer.retry_after, headline, mode, |name, value| {
+        let start = buf.len();
+        let _ = std::fmt::Write::write_fmt(&mut buf, value);
+        if n < spans.len() {
+            spans[n] = (name, start, buf.len());
+            n += 1;
+        }
+    });
+    let all = buf.freeze();
+    for &(name, start, end) in &spans[..n] {
+        if let Ok(v) = HeaderValue::from_maybe_shared(all.slice(start..end)) {
+            headers.insert(name, v);
         }
     }
 }

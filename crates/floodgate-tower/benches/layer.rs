@@ -1,0 +1,123 @@
+//! The tower layer's per-request cost beside `tower_governor`'s, in one run:
+//! the same inner service, the same requests (axum `ConnectInfo` peer
+//! addresses), each layer limiting per peer IP with a limit never reached
+//! (the allow path, the common one), or one spent (the deny path).
+//!
+//! `cargo bench -p floodgate-tower --bench layer`
+
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use criterion::{Criterion, criterion_group, criterion_main};
+use floodgate_core::{Algorithm, Limit, MemoryStore};
+use floodgate_tower::{HeaderMode, Key, KeyedLimit, RateLimitLayer};
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+#[derive(Clone)]
+struct Ok200;
+
+impl Service<Request<Body>> for Ok200 {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+fn request(ip: u32) -> Request<Body> {
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), 40000);
+    Request::builder().uri("/").extension(ConnectInfo(addr)).body(Body::empty()).unwrap()
+}
+
+/// One request through `svc` on a current-thread runtime; the status.
+fn once<S>(rt: &tokio::runtime::Runtime, svc: &mut S, ip: u32) -> u16
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    rt.block_on(async {
+        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(request(ip)).await.unwrap().status().as_u16()
+    })
+}
+
+/// The same for our layer, whose response body is wrapped.
+fn once_fg<S, B>(rt: &tokio::runtime::Runtime, svc: &mut S, ip: u32) -> u16
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
+{
+    rt.block_on(async {
+        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(request(ip)).await.unwrap().status().as_u16()
+    })
+}
+
+const HUGE: u64 = 1 << 40;
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for (case, keys, spent) in [("one_ip_allowed", 1u32, false), ("1k_ips_allowed", 1000, false), ("one_ip_denied", 1, true)]
+    {
+        let mut g = c.benchmark_group(format!("layer/{case}"));
+        let (limit, burst) = if spent { (1u64, 1u32) } else { (HUGE, u32::MAX) };
+        let mut i = 0u32;
+        let mut next = move || {
+            i = (i + 1) % keys;
+            0x0a00_0000 + i
+        };
+
+        let mut bare = Ok200;
+        g.bench_function("no_layer", |b| b.iter(|| once(&rt, &mut bare, next())));
+
+        for (name, mode) in [("floodgate", HeaderMode::None), ("floodgate_headers", HeaderMode::Both)] {
+            let l = Limit::new(Algorithm::Gcra { burst: Some(limit) }, limit, Duration::from_secs(1)).unwrap();
+            let layer = RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode);
+            let mut svc = layer.layer(Ok200);
+            if spent {
+                once_fg(&rt, &mut svc, 0x0a00_0000);
+            }
+            g.bench_function(name, |b| b.iter(|| once_fg(&rt, &mut svc, next())));
+        }
+
+        let config = tower_governor::governor::GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(burst)
+            .finish()
+            .unwrap();
+        let mut svc = tower_governor::GovernorLayer::new(config).layer(Ok200);
+        if spent {
+            once(&rt, &mut svc, 0x0a00_0000);
+        }
+        g.bench_function("tower_governor", |b| b.iter(|| once(&rt, &mut svc, next())));
+        let config = tower_governor::governor::GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(burst)
+            .use_headers()
+            .finish()
+            .unwrap();
+        let mut svc = tower_governor::GovernorLayer::new(config).layer(Ok200);
+        if spent {
+            once(&rt, &mut svc, 0x0a00_0000);
+        }
+        g.bench_function("tower_governor_headers", |b| b.iter(|| once(&rt, &mut svc, next())));
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = bench
+}
+criterion_main!(benches);
