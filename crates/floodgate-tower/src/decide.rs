@@ -207,7 +207,11 @@ impl Key {
 
     /// The key of a request, written into `buf` when it must be formatted
     /// (an IP address: no allocation).
-    fn of<'a>(&self, facts: &'a RequestFacts<'_>, buf: &'a mut [u8; 48]) -> Result<Option<Cow<'a, str>>, DescriptorError> {
+    fn of<'a>(
+        &self,
+        facts: &'a RequestFacts<'_>,
+        buf: &'a mut [u8; 48],
+    ) -> Result<Option<Cow<'a, str>>, DescriptorError> {
         Ok(match self {
             Key::ClientIp => {
                 let ip = facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?;
