@@ -53,16 +53,54 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The outcome borrowed (what its other methods read).
+    pub fn view(&self) -> OutcomeView<'_> {
+        OutcomeView { allowed: self.allowed, verdicts: &self.verdicts }
+    }
+
+    /// See [`OutcomeView::headline`].
+    pub fn headline(&self) -> Option<&Decision> {
+        self.view().headline()
+    }
+
+    /// See [`OutcomeView::headline_index`].
+    pub fn headline_index(&self) -> Option<usize> {
+        self.view().headline_index()
+    }
+
+    /// See [`OutcomeView::delay`].
+    pub fn delay(&self) -> Duration {
+        self.view().delay()
+    }
+
+    /// See [`OutcomeView::retry_after`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.view().retry_after()
+    }
+}
+
+/// A request's answer over borrowed verdicts: an [`Outcome`]'s, or one
+/// verdict held elsewhere ([`Limiter::check_one`]'s, with
+/// `std::slice::from_ref`).
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomeView<'a> {
+    /// Whether the request may go ahead.
+    pub allowed: bool,
+    /// One verdict per check, in order.
+    pub verdicts: &'a [Verdict],
+}
+
+impl<'a> OutcomeView<'a> {
     /// The decision the rate-limit headers describe: that of
     /// [`most_restrictive`] among all the verdicts. `None` when no limited
     /// rule applied.
-    pub fn headline(&self) -> Option<&Decision> {
+    pub fn headline(&self) -> Option<&'a Decision> {
         self.headline_index().and_then(|i| self.verdicts[i].decision.as_ref())
     }
 
-    /// The index of the verdict [`Outcome::headline`] describes.
+    /// The index of the verdict [`OutcomeView::headline`] describes.
     pub fn headline_index(&self) -> Option<usize> {
-        most_restrictive(&self.verdicts)
+        most_restrictive(self.verdicts)
     }
 
     /// For an allowed request: how long to hold it before passing it on,

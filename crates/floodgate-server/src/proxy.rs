@@ -29,7 +29,7 @@ use bytes::Bytes;
 use floodgate_core::Store;
 use floodgate_tower::{
     Answer, Decide, DecideError, Headline, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
-    default_descriptors,
+    descriptor_templates,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -125,14 +125,8 @@ impl<S> fmt::Debug for ServiceDecider<S> {
 
 impl<S: Store + 'static> Decide for ServiceDecider<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
-        let descriptors = {
-            let rules = self.service.rules().current();
-            let templates = match rules.domain(&self.domain).map(|d| d.request_descriptors()) {
-                Some(t) if !t.is_empty() => t,
-                _ => default_descriptors(),
-            };
-            build_descriptors(templates, facts)?
-        };
+        let descriptors =
+            build_descriptors(descriptor_templates(&self.service.rules().current(), &self.domain), facts)?;
         if descriptors.is_empty() {
             return Ok(Answer::unlimited());
         }

@@ -253,18 +253,19 @@ impl Prepared {
 
     /// Bind the configured addresses (port 0 picks a free port).
     pub async fn bind(self) -> Result<Bound, ServeError> {
-        let bind = |what: &'static str, addr: Option<SocketAddr>| async move {
+        let bind = |what: &'static str, addr: SocketAddr| async move {
+            TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { what, addr, source })
+        };
+        let optional = |what: &'static str, addr: Option<SocketAddr>| async move {
             match addr {
-                Some(addr) => {
-                    TcpListener::bind(addr).await.map(Some).map_err(|source| ServeError::Bind { what, addr, source })
-                }
+                Some(addr) => bind(what, addr).await.map(Some),
                 None => Ok(None),
             }
         };
-        let grpc = bind("gRPC", self.config.grpc_addr).await?;
-        let http = bind("HTTP", self.config.http_addr).await?;
-        let admin = bind("admin", Some(self.config.admin_addr)).await?.expect("an admin address is always bound");
-        let proxy = bind("proxy", self.config.proxy.as_ref().map(|p| p.listen)).await?;
+        let grpc = optional("gRPC", self.config.grpc_addr).await?;
+        let http = optional("HTTP", self.config.http_addr).await?;
+        let admin = bind("admin", self.config.admin_addr).await?;
+        let proxy = optional("proxy", self.config.proxy.as_ref().map(|p| p.listen)).await?;
         Ok(Bound { prepared: self, grpc, http, admin, proxy })
     }
 }

@@ -272,8 +272,8 @@ fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule
             out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
         } else if let Some(Some(o)) = overrides.get(d) {
             out.extend(o.rules.iter().enumerate().map(|(i, rule)| (d, o.counter_key(i), rule)));
-        } else if let Some(Some(m)) = matched.descriptors.get(d) {
-            out.extend(matched.applicable(d).map(|(i, rule)| (d, m.counter_key(i), rule)));
+        } else {
+            out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));
         }
     }
     out

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict};
+use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck};
 use floodgate_core::rules::{Rule, RuleSet};
 use floodgate_core::{Decision, Limit, MemoryStore, Store};
 use http::HeaderName;
@@ -45,8 +45,9 @@ pub struct Headline {
 }
 
 impl Answer {
-    /// The answer of a limiter's `outcome` for `checks`.
-    pub fn of(checks: &[RuleCheck<'_>], outcome: &Outcome) -> Self {
+    /// The answer of a limiter's `outcome` for `checks` (for one check and
+    /// its verdict: `std::slice::from_ref` of each).
+    pub fn of(checks: &[RuleCheck<'_>], outcome: OutcomeView<'_>) -> Self {
         let headline = outcome.headline_index().and_then(|i| {
             let limit = checks[i].rule.limit.as_ref()?;
             Some(Headline {
@@ -57,24 +58,6 @@ impl Answer {
             })
         });
         Answer { allowed: outcome.allowed, retry_after: outcome.retry_after(), delay: outcome.delay(), headline }
-    }
-
-    /// The answer of a request of one check and its verdict (as
-    /// [`Answer::of`] gives for a one-check outcome).
-    pub fn of_one(check: &RuleCheck<'_>, verdict: &Verdict) -> Self {
-        let allowed = !verdict.denies();
-        let decision = verdict.decision;
-        Answer {
-            allowed,
-            retry_after: if allowed { None } else { decision.and_then(|d| d.retry_after) },
-            delay: if allowed { decision.map(|d| d.delay).unwrap_or_default() } else { Duration::ZERO },
-            headline: decision.zip(check.rule.limit.as_ref()).map(|(decision, limit)| Headline {
-                name: check.rule.name.clone(),
-                requests_per_unit: limit.limit(),
-                window: limit.window(),
-                decision,
-            }),
-        }
     }
 
     /// An allowed answer with no limit (nothing matched).
@@ -153,25 +136,18 @@ impl<S: Store> RulesDecider<S> {
 impl<S: Store + 'static> Decide for RulesDecider<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
         let rules = self.rules.load_full();
-        let Some(domain) = rules.domain(&self.domain) else { return Ok(Answer::unlimited()) };
-        let templates = match domain.request_descriptors() {
-            [] => descriptors::default_descriptors(),
-            t => t,
-        };
-        let descs = descriptors::build(templates, facts)?;
-        let matched = rules.match_request(&self.domain, descs.iter().map(Vec::as_slice));
-        let mut planned: Vec<(String, &Rule)> = Vec::new();
-        for (d, m) in matched.descriptors.iter().enumerate() {
-            if let Some(m) = m {
-                planned.extend(matched.applicable(d).map(|(i, rule)| (m.counter_key(i), rule)));
-            }
+        if rules.domain(&self.domain).is_none() {
+            return Ok(Answer::unlimited());
         }
+        let descs = descriptors::build(descriptors::templates(&rules, &self.domain), facts)?;
+        let matched = rules.match_request(&self.domain, descs.iter().map(Vec::as_slice));
+        let planned: Vec<(String, &Rule)> = (0..descs.len()).flat_map(|d| matched.keyed(d)).collect();
         if planned.is_empty() {
             return Ok(Answer::unlimited());
         }
         let checks: Vec<RuleCheck<'_>> = planned.iter().map(|(key, rule)| RuleCheck { key, rule, hits: 1 }).collect();
         let outcome = self.limiter.check(&checks).await;
-        Ok(Answer::of(&checks, &outcome))
+        Ok(Answer::of(&checks, outcome.view()))
     }
 }
 
@@ -279,6 +255,7 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         let Some(key) = self.key.of(facts, &mut buf)? else { return Ok(Answer::unlimited()) };
         let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
         let verdict = self.limiter.check_one(&check).await;
-        Ok(Answer::of_one(&check, &verdict))
+        let outcome = OutcomeView { allowed: !verdict.denies(), verdicts: std::slice::from_ref(&verdict) };
+        Ok(Answer::of(std::slice::from_ref(&check), outcome))
     }
 }

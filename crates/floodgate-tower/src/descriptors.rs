@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use floodgate_core::rules::{Action, RequestDescriptor};
+use floodgate_core::rules::{Action, RequestDescriptor, RuleSet};
 use http::{HeaderMap, Method, Uri};
 
 /// One descriptor: `(key, value)` entries in order.
@@ -40,6 +40,15 @@ pub enum DescriptorError {
 pub fn default_descriptors() -> &'static [RequestDescriptor] {
     static DEFAULT: std::sync::OnceLock<[RequestDescriptor; 1]> = std::sync::OnceLock::new();
     DEFAULT.get_or_init(|| [RequestDescriptor { actions: vec![Action::RemoteAddress], pos: Default::default() }])
+}
+
+/// How `domain` of `rules` builds descriptors from a request: its
+/// `request_descriptors`, else [`default_descriptors`].
+pub fn templates<'r>(rules: &'r RuleSet, domain: &str) -> &'r [RequestDescriptor] {
+    match rules.domain(domain).map(|d| d.request_descriptors()) {
+        Some(t) if !t.is_empty() => t,
+        _ => default_descriptors(),
+    }
 }
 
 /// Build the descriptors of `facts` by `templates`, in order. A descriptor
@@ -97,7 +106,6 @@ fn header_value(facts: &RequestFacts<'_>, header: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floodgate_core::rules::RuleSet;
 
     #[test]
     fn actions_build_envoy_descriptors() {

@@ -33,7 +33,10 @@ mod throttle;
 
 pub use client_ip::{Cidr, CidrError, ForwardedHeader, TrustedProxies};
 pub use decide::{Answer, Decide, DecideError, Headline, Key, KeyFn, KeyedLimit, RulesDecider};
-pub use descriptors::{DescriptorError, Entries, RequestFacts, build as build_descriptors, default_descriptors};
+pub use descriptors::{
+    DescriptorError, Entries, RequestFacts, build as build_descriptors, default_descriptors,
+    templates as descriptor_templates,
+};
 pub use floodgate_core::headers::HeaderMode;
 pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, insert_answer_headers, local_response, rejection};
 pub use throttle::{Throttle, ThrottleError};

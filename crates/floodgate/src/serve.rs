@@ -44,7 +44,7 @@ fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Failure> {
 fn duration(flag: &str, s: &str) -> Result<Duration, Failure> {
     match parse_duration(s) {
         Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(Failure::usage(format!("--{flag}: give a positive duration, e.g. 10s"))),
+        Ok(_) => Err(Failure::usage(format!("--{flag}: give a positive duration, e.g. 100ms or 10s"))),
         Err(e) => Err(Failure::usage(format!("--{flag}: {e}"))),
     }
 }
@@ -94,13 +94,8 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
             let target: floodgate_redis::Target = other
                 .parse()
                 .map_err(|e| Failure::usage(format!("--store `{other}`: use memory, or a Redis address: {e}")))?;
-            let timeout =
-                parse_duration(&args.redis_timeout).map_err(|e| Failure::usage(format!("--redis-timeout: {e}")))?;
-            if timeout.is_zero() {
-                return Err(Failure::usage("--redis-timeout: give a positive duration, e.g. 100ms"));
-            }
             let mut c = floodgate_redis::RedisConfig::new(target);
-            c.timeout = timeout;
+            c.timeout = duration("redis-timeout", &args.redis_timeout)?;
             c.key_prefix.clone_from(&args.redis_prefix);
             Some(c)
         }

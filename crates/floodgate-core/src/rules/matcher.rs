@@ -113,6 +113,13 @@ impl<'a> RequestMatch<'a> {
             .flat_map(|m| m.rules.iter().enumerate())
             .filter(|(_, r)| !self.is_replaced(r))
     }
+
+    /// The rules that apply to descriptor `d`, each with its counter key
+    /// (none when `d` matched nothing).
+    pub fn keyed(&self, d: usize) -> impl Iterator<Item = (String, &'a Rule)> + '_ {
+        let m = self.descriptors.get(d).and_then(Option::as_ref);
+        self.applicable(d).filter_map(move |(i, rule)| Some((m?.counter_key(i), rule)))
+    }
 }
 
 impl RuleSet {
