@@ -13,7 +13,7 @@
 //! The values describe the *headline* limit: the most restrictive one
 //! ([`most_restrictive`](crate::limiter::most_restrictive)).
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -47,6 +47,37 @@ impl FromStr for HeaderMode {
     }
 }
 
+/// One rate-limit header field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// `retry-after`
+    RetryAfter,
+    /// `x-ratelimit-limit`
+    XRateLimitLimit,
+    /// `x-ratelimit-remaining`
+    XRateLimitRemaining,
+    /// `x-ratelimit-reset`
+    XRateLimitReset,
+    /// `ratelimit-policy`
+    RateLimitPolicy,
+    /// `ratelimit`
+    RateLimit,
+}
+
+impl Field {
+    /// The field's name, in lower case.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Field::RetryAfter => "retry-after",
+            Field::XRateLimitLimit => "x-ratelimit-limit",
+            Field::XRateLimitRemaining => "x-ratelimit-remaining",
+            Field::XRateLimitReset => "x-ratelimit-reset",
+            Field::RateLimitPolicy => "ratelimit-policy",
+            Field::RateLimit => "ratelimit",
+        }
+    }
+}
+
 /// The limit the headers describe, and its decision.
 #[derive(Debug, Clone, Copy)]
 pub struct Headline<'a> {
@@ -75,56 +106,117 @@ pub fn rate_limit_headers(
     mode: HeaderMode,
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    write_rate_limit_headers(allowed, retry_after, headline, mode, |name, value| out.push((name, value.to_string())));
+    write_rate_limit_headers(allowed, retry_after, headline, mode, |field, value| {
+        out.push((field.name(), value.to_string()));
+    });
     out
 }
 
-/// The same headers, each handed to `emit` as its name and formatting
-/// arguments, so a caller can write every value into one buffer (the tower
-/// layer does: one allocation for all of a response's values).
+/// The same headers, each handed to `emit` as its field and value, so a
+/// caller can write every value into one buffer ([`Value::write_to`]; the
+/// tower layer does: one allocation for all of a response's values).
 pub fn write_rate_limit_headers(
     allowed: bool,
     retry_after: Option<Duration>,
     headline: Option<Headline<'_>>,
     mode: HeaderMode,
-    mut emit: impl FnMut(&'static str, fmt::Arguments<'_>),
+    mut emit: impl FnMut(Field, Value<'_>),
 ) {
     if !allowed && let Some(wait) = retry_after {
-        emit("retry-after", format_args!("{}", ceil_secs(wait).max(1)));
+        emit(Field::RetryAfter, Value::Number(ceil_secs(wait).max(1)));
     }
     let Some(h) = headline else { return };
     let reset = ceil_secs(h.decision.reset_after);
     if matches!(mode, HeaderMode::XRateLimit | HeaderMode::Both) {
-        emit("x-ratelimit-limit", format_args!("{}", h.requests_per_unit));
-        emit("x-ratelimit-remaining", format_args!("{}", h.decision.remaining));
-        emit("x-ratelimit-reset", format_args!("{reset}"));
+        emit(Field::XRateLimitLimit, Value::Number(h.requests_per_unit));
+        emit(Field::XRateLimitRemaining, Value::Number(h.decision.remaining));
+        emit(Field::XRateLimitReset, Value::Number(reset));
     }
     if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
-        let name = SfString(h.name.unwrap_or("default"));
-        emit("ratelimit-policy", format_args!("{name};q={};w={}", h.requests_per_unit, ceil_secs(h.window)));
-        emit("ratelimit", format_args!("{name};r={};t={reset}", h.decision.remaining));
+        let name = h.name.unwrap_or("default");
+        emit(
+            Field::RateLimitPolicy,
+            Value::Item { name, params: [('q', h.requests_per_unit), ('w', ceil_secs(h.window))] },
+        );
+        emit(Field::RateLimit, Value::Item { name, params: [('r', h.decision.remaining), ('t', reset)] });
     }
 }
 
-/// An RFC 8941 sf-string: printable ASCII in quotes, `"` and `\` escaped;
-/// anything else replaced by `_`.
-struct SfString<'a>(&'a str);
+/// One header value, written by [`Value::write_to`] (or `Display`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// A decimal number.
+    Number(u64),
+    /// An RFC 8941 item: the name as an sf-string, then two integer
+    /// parameters (`"name";q=10;w=60`).
+    Item {
+        /// The limit's name.
+        name: &'a str,
+        /// The parameters, in order.
+        params: [(char, u64); 2],
+    },
+}
 
-impl fmt::Display for SfString<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_char('"')?;
-        for c in self.0.chars() {
-            match c {
-                '"' | '\\' => {
-                    f.write_char('\\')?;
-                    f.write_char(c)?;
+impl Value<'_> {
+    /// Append the value to `out`, without `core::fmt` (a header value is
+    /// written for every response).
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        match *self {
+            Value::Number(n) => write_u64(n, out),
+            Value::Item { name, params } => {
+                write_sf_string(name, out);
+                for (key, n) in params {
+                    out.push(b';');
+                    let mut k = [0u8; 4];
+                    out.extend_from_slice(key.encode_utf8(&mut k).as_bytes());
+                    out.push(b'=');
+                    write_u64(n, out);
                 }
-                ' '..='~' => f.write_char(c)?,
-                _ => f.write_char('_')?,
             }
         }
-        f.write_char('"')
     }
+}
+
+impl fmt::Display for Value<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = Vec::with_capacity(32);
+        self.write_to(&mut out);
+        // Only ASCII is ever written.
+        f.write_str(std::str::from_utf8(&out).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// `n` in decimal.
+fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// `s` as an RFC 8941 sf-string: printable ASCII in quotes, `"` and `\`
+/// escaped; anything else replaced by `_` (one per character).
+fn write_sf_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+        out.extend_from_slice(s.as_bytes());
+    } else {
+        for c in s.chars() {
+            match c {
+                '"' | '\\' => out.extend_from_slice(&[b'\\', c as u8]),
+                ' '..='~' => out.push(c as u8),
+                _ => out.push(b'_'),
+            }
+        }
+    }
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -155,6 +247,12 @@ mod tests {
         assert_eq!(get("ratelimit"), Some("\"per \\\"user\\\"\";r=0;t=2"));
         // No wait helps: no Retry-After.
         assert!(rate_limit_headers(false, None, None, HeaderMode::None).is_empty());
+        // Non-ASCII becomes `_`, one per character.
+        let headline = Headline { name: Some("caf\u{e9} \\"), ..headline };
+        let h = rate_limit_headers(true, None, Some(headline), HeaderMode::Ietf);
+        assert_eq!(h[0], ("ratelimit-policy", "\"caf_ \\\\\";q=10;w=60".to_owned()));
+        assert_eq!(Value::Number(u64::MAX).to_string(), "18446744073709551615");
+        assert_eq!(Value::Number(0).to_string(), "0");
         // Allowed: no Retry-After even with a wait.
         let h = rate_limit_headers(true, Some(Duration::from_secs(3)), Some(headline), HeaderMode::XRateLimit);
         assert_eq!(h.len(), 3);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::rules::{FailureMode, Rule};
 use crate::store::Check;
-use crate::{Decision, MemoryStore, Store, StoreError};
+use crate::{Decision, Limit, MemoryStore, Store, StoreError};
 
 /// One matched rule to decide for a request.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +100,9 @@ impl<'a> OutcomeView<'a> {
 
     /// The index of the verdict [`OutcomeView::headline`] describes.
     pub fn headline_index(&self) -> Option<usize> {
+        if let [one] = self.verdicts {
+            return one.decision.is_some().then_some(0);
+        }
         most_restrictive(self.verdicts)
     }
 
@@ -125,6 +128,17 @@ impl<'a> OutcomeView<'a> {
         }
         Some(max)
     }
+}
+
+/// The store's checks of `checks`: those with a limit, in order.
+fn store_checks<'a>(checks: &[RuleCheck<'a>]) -> Vec<Check<'a>> {
+    checks
+        .iter()
+        .filter_map(|c| {
+            let limit = c.rule.limit.as_ref()?;
+            Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode })
+        })
+        .collect()
 }
 
 /// The position of the most restrictive of `verdicts`: a denying one if any
@@ -185,34 +199,34 @@ impl<S: Store> Limiter<S> {
     /// # }
     /// ```
     pub async fn check(&self, checks: &[RuleCheck<'_>]) -> Outcome {
-        let store_checks: Vec<Check<'_>> = checks
-            .iter()
-            .filter_map(|c| {
-                let limit = c.rule.limit.as_ref()?;
-                Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode })
-            })
-            .collect();
+        let store_checks = store_checks(checks);
         let mut results = Vec::with_capacity(store_checks.len());
         if !store_checks.is_empty() {
             self.store.apply_all(&store_checks, &mut results).await;
         }
+        self.outcome(checks, results)
+    }
+
+    /// [`Limiter::check`] without waiting, when the store can answer at once
+    /// ([`Store::apply_all_now`]); `None` (nothing done) otherwise.
+    pub fn check_now(&self, checks: &[RuleCheck<'_>]) -> Option<Outcome> {
+        let store_checks = store_checks(checks);
+        let mut results = Vec::with_capacity(store_checks.len());
+        if !store_checks.is_empty() && !self.store.apply_all_now(&store_checks, &mut results) {
+            return None;
+        }
+        Some(self.outcome(checks, results))
+    }
+
+    /// The outcome of `checks` from the store's `results` for those with a
+    /// limit, in order.
+    fn outcome(&self, checks: &[RuleCheck<'_>], results: Vec<Result<Decision, StoreError>>) -> Outcome {
         let mut results = results.into_iter();
         let verdicts: Vec<Verdict> = checks
             .iter()
-            .map(|c| {
-                let shadow = c.rule.shadow_mode;
-                let Some(limit) = c.rule.limit.as_ref() else {
-                    return Verdict { decision: None, shadow, failure: None };
-                };
-                match results.next() {
-                    Some(Ok(d)) => Verdict { decision: Some(d), shadow, failure: None },
-                    Some(Err(e)) => {
-                        let mode = c.rule.failure_mode;
-                        let d = self.fail(c, limit.limit(), mode);
-                        Verdict { decision: Some(d), shadow, failure: Some((e, mode)) }
-                    }
-                    None => unreachable!("the store answers every check"),
-                }
+            .map(|c| match c.rule.limit {
+                None => Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None },
+                Some(_) => self.verdict(c, results.next().expect("the store answers every check")),
             })
             .collect();
         let allowed = !verdicts.iter().any(Verdict::denies);
@@ -222,15 +236,32 @@ impl<S: Store> Limiter<S> {
     /// Decide a request of one check: [`Limiter::check`] without its
     /// allocations (the tower layer's one-limit path).
     pub async fn check_one(&self, c: &RuleCheck<'_>) -> Verdict {
-        let shadow = c.rule.shadow_mode;
         let Some(limit) = c.rule.limit.as_ref() else {
-            return Verdict { decision: None, shadow, failure: None };
+            return Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None };
         };
-        match self.store.apply(c.key, limit, c.hits).await {
+        let result = self.store.apply(c.key, limit, c.hits).await;
+        self.verdict(c, result)
+    }
+
+    /// [`Limiter::check_one`] without waiting, as [`Limiter::check_now`].
+    pub fn check_one_now(&self, c: &RuleCheck<'_>) -> Option<Verdict> {
+        let Some(limit) = c.rule.limit.as_ref() else {
+            return Some(Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None });
+        };
+        let result = self.store.apply_now(c.key, limit, c.hits)?;
+        Some(self.verdict(c, result))
+    }
+
+    /// The verdict of a check with a limit from the store's result: a store
+    /// failure goes to the rule's failure policy.
+    fn verdict(&self, c: &RuleCheck<'_>, result: Result<Decision, StoreError>) -> Verdict {
+        let shadow = c.rule.shadow_mode;
+        match result {
             Ok(d) => Verdict { decision: Some(d), shadow, failure: None },
             Err(e) => {
                 let mode = c.rule.failure_mode;
-                Verdict { decision: Some(self.fail(c, limit.limit(), mode)), shadow, failure: Some((e, mode)) }
+                let limit = c.rule.limit.as_ref().map_or(0, Limit::limit);
+                Verdict { decision: Some(self.fail(c, limit, mode)), shadow, failure: Some((e, mode)) }
             }
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use floodgate_core::{Algorithm, Limit, MemoryStore};
 use floodgate_tower::{HeaderMode, Key, KeyedLimit, RateLimitLayer};
 use http::{Request, Response};
@@ -70,7 +70,11 @@ fn bench(c: &mut Criterion) {
         let mut bare = Ok200;
         g.bench_function("no_layer", |b| b.iter(|| once(&rt, &mut bare, next())));
 
-        for (name, mode) in [("floodgate", HeaderMode::None), ("floodgate_headers", HeaderMode::Both)] {
+        for (name, mode) in [
+            ("floodgate", HeaderMode::None),
+            ("floodgate_x_headers", HeaderMode::XRateLimit),
+            ("floodgate_headers", HeaderMode::Both),
+        ] {
             let l = Limit::new(Algorithm::Gcra { burst: Some(limit) }, limit, Duration::from_secs(1)).unwrap();
             let layer = RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode);
             let mut svc = layer.layer(Ok200);
@@ -110,4 +114,47 @@ criterion_group! {
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     targets = bench
 }
-criterion_main!(benches);
+/// `LAYER_COUNT=<layer>:<requests>` runs that many allowed requests from one
+/// IP through one layer (`none`, `floodgate`, `floodgate_headers`,
+/// `tower_governor`, `tower_governor_headers`) and exits: a fixed workload
+/// for `valgrind --tool=callgrind`, whose instruction counts do not drift
+/// with the VM's noise as times do.
+fn count(spec: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (name, n) = spec.split_once(':').expect("LAYER_COUNT=<layer>:<requests>");
+    let n: u32 = n.parse().unwrap();
+    let mut ok = 0u32;
+    let mut run = |svc: &mut dyn FnMut() -> u16| (0..n).for_each(|_| ok += u32::from(svc() == 200));
+    match name {
+        "none" => run(&mut || once(&rt, &mut Ok200, 0x0a00_0001)),
+        "floodgate" | "floodgate_headers" => {
+            let mode = if name == "floodgate" { HeaderMode::None } else { HeaderMode::Both };
+            let l = Limit::new(Algorithm::Gcra { burst: Some(HUGE) }, HUGE, Duration::from_secs(1)).unwrap();
+            let mut svc =
+                RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode).layer(Ok200);
+            run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+        }
+        "tower_governor" | "tower_governor_headers" => {
+            let mut b = tower_governor::governor::GovernorConfigBuilder::default();
+            b.per_nanosecond(1).burst_size(u32::MAX);
+            if name.ends_with("headers") {
+                let config = b.use_headers().finish().unwrap();
+                let mut svc = tower_governor::GovernorLayer::new(config).layer(Ok200);
+                run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+            } else {
+                let mut svc = tower_governor::GovernorLayer::new(b.finish().unwrap()).layer(Ok200);
+                run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+            }
+        }
+        other => panic!("unknown layer {other}"),
+    }
+    assert_eq!(ok, n, "every request is allowed");
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("LAYER_COUNT") {
+        return count(&spec);
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

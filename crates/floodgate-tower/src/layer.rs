@@ -7,23 +7,25 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use floodgate_core::headers::{HeaderMode, Headline, write_rate_limit_headers};
-use http::header::{CONTENT_TYPE, HeaderValue};
+use floodgate_core::headers::{Field, HeaderMode, Headline, write_rate_limit_headers};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::client_ip::TrustedProxies;
-use crate::decide::{Answer, Decide};
+use crate::decide::{Answer, Decide, DecideError};
 use crate::descriptors::RequestFacts;
 
 /// The peer address of a connection, for servers that record it in the
 /// request extensions under this type (the reverse proxy does). A plain
-/// `SocketAddr` extension and (with the `axum` feature) axum's
-/// `ConnectInfo<SocketAddr>` are read too.
+/// `SocketAddr` extension, (with the `axum` feature) axum's
+/// `ConnectInfo<SocketAddr>` and (with the `tonic` feature) tonic's
+/// `TcpConnectInfo` are read too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
@@ -144,38 +146,188 @@ where
 {
     type Response = Response<RateLimitBody<ResB>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = ResponseFuture<S, ReqB, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The clone is not ready; the one polled ready goes with this request.
+        let mode = self.shared.headers;
+        // A decider that can answer at once (an in-memory store) does, here:
+        // no allocation, and the ready inner service is called in place.
+        let now = {
+            let client_ip = peer_addr(req.extensions()).map(|p| self.shared.trusted.client_ip(p.ip(), req.headers()));
+            let facts = RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip };
+            self.shared.decider.decide_now(&facts)
+        };
+        let Some(result) = now else {
+            let shared = Arc::clone(&self.shared);
+            let decision = Box::pin(async move {
+                let result = {
+                    let client_ip =
+                        peer_addr(req.extensions()).map(|p| shared.trusted.client_ip(p.ip(), req.headers()));
+                    let facts =
+                        RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip };
+                    shared.decider.decide(&facts).await
+                };
+                (req, result)
+            });
+            let state = State::Deciding { decision, inner: Some(self.take_ready()) };
+            return ResponseFuture { state, headers: None, mode };
+        };
+        let mut headers = None;
+        let state = match next(&result, is_grpc(&req), &mut headers, mode) {
+            Next::Answered(resp) => State::Answered { resp: Some(resp) },
+            Next::Hold(delay) => State::holding(delay, self.take_ready(), req),
+            Next::Forward => State::Calling { fut: self.inner.call(req) },
+        };
+        ResponseFuture { state, headers, mode }
+    }
+}
+
+impl<S: Clone, D> RateLimit<S, D> {
+    /// The inner service polled ready, for a call made later; a clone (not
+    /// ready yet) stays for the next request.
+    fn take_ready(&mut self) -> S {
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let client_ip = peer_addr(&parts.extensions).map(|p| shared.trusted.client_ip(p.ip(), &parts.headers));
-            let facts = RequestFacts { method: &parts.method, uri: &parts.uri, headers: &parts.headers, client_ip };
-            let answer = match shared.decider.decide(&facts).await {
-                Ok(a) => a,
-                Err(e) => return Ok(local_response(e.status, format!("{e}\n"))),
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
+/// What a decided request comes to.
+enum Next<ResB> {
+    /// A response made here: a `429` (with its headers) or a decider error.
+    Answered(Response<RateLimitBody<ResB>>),
+    /// Hold the request this long, then forward it.
+    Hold(Duration),
+    /// Forward it now.
+    Forward,
+}
+
+/// Where a decision sends its request (`grpc`: a gRPC call, answered in
+/// gRPC's terms); the headers of a forwarded request go to `slot` (when there
+/// are any), for the inner response.
+fn next<ResB>(
+    result: &Result<Answer, DecideError>,
+    grpc: bool,
+    slot: &mut Option<AnswerHeaders>,
+    mode: HeaderMode,
+) -> Next<ResB> {
+    let answer = match result {
+        Ok(a) => a,
+        Err(e) if grpc => {
+            let code = if e.status.is_client_error() { GRPC_INVALID_ARGUMENT } else { GRPC_INTERNAL };
+            return Next::Answered(grpc_response(code, &e.message));
+        }
+        Err(e) => return Next::Answered(local_response(e.status, format!("{e}\n"))),
+    };
+    if !answer.allowed {
+        let mut resp = if grpc { grpc_rejection(answer) } else { rejection(answer) };
+        AnswerHeaders::of(answer, mode).insert_into(resp.headers_mut());
+        return Next::Answered(resp);
+    }
+    let delay = answer.delay;
+    if mode != HeaderMode::None {
+        *slot = Some(AnswerHeaders::of(answer, mode));
+    }
+    if delay.is_zero() { Next::Forward } else { Next::Hold(delay) }
+}
+
+/// The asynchronous decision of a request: the request comes back with it.
+type Deciding<ReqB> = Pin<Box<dyn Future<Output = (Request<ReqB>, Result<Answer, DecideError>)> + Send + 'static>>;
+
+pin_project_lite::pin_project! {
+    /// The response future of [`RateLimit`].
+    pub struct ResponseFuture<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        #[pin]
+        state: State<S, S::Future, ReqB, ResB>,
+        // The rate-limit headers of a forwarded request, for the inner
+        // response.
+        headers: Option<AnswerHeaders>,
+        mode: HeaderMode,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<S, F, ReqB, ResB> {
+        // Waiting for a decider that could not answer at once.
+        Deciding { decision: Deciding<ReqB>, inner: Option<S> },
+        // Holding an allowed request for its shaping delay (boxed: rare, and
+        // it would make every response future larger).
+        Holding { held: Option<Box<Held<S, ReqB>>> },
+        // Waiting for the inner service.
+        Calling { #[pin] fut: F },
+        // Answered here.
+        Answered { resp: Option<Response<RateLimitBody<ResB>>> },
+    }
+}
+
+/// A request held for its shaping delay, and the service it goes to.
+struct Held<S, ReqB> {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    inner: S,
+    req: Request<ReqB>,
+}
+
+impl<S, F, ReqB, ResB> State<S, F, ReqB, ResB> {
+    fn holding(delay: Duration, inner: S, req: Request<ReqB>) -> Self {
+        State::Holding { held: Some(Box::new(Held { sleep: Box::pin(tokio::time::sleep(delay)), inner, req })) }
+    }
+}
+
+impl<S, ReqB, ResB> std::fmt::Debug for ResponseFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").field("headers", &self.headers).finish_non_exhaustive()
+    }
+}
+
+const POLLED_AFTER_DONE: &str = "RateLimit's ResponseFuture polled after it completed";
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let state = match this.state.as_mut().project() {
+                StateProj::Deciding { decision, inner } => {
+                    let (req, result) = std::task::ready!(decision.as_mut().poll(cx));
+                    let mut inner = inner.take().expect(POLLED_AFTER_DONE);
+                    match next(&result, is_grpc(&req), this.headers, *this.mode) {
+                        Next::Answered(resp) => State::Answered { resp: Some(resp) },
+                        Next::Hold(delay) => State::holding(delay, inner, req),
+                        Next::Forward => State::Calling { fut: inner.call(req) },
+                    }
+                }
+                StateProj::Holding { held } => {
+                    let h = held.as_mut().expect(POLLED_AFTER_DONE);
+                    std::task::ready!(h.sleep.as_mut().poll(cx));
+                    let Held { mut inner, req, .. } = *held.take().expect(POLLED_AFTER_DONE);
+                    State::Calling { fut: inner.call(req) }
+                }
+                StateProj::Calling { fut } => {
+                    let resp = std::task::ready!(fut.poll(cx))?;
+                    let mut resp = resp.map(|body| RateLimitBody::Inner { body });
+                    if let Some(headers) = this.headers.take() {
+                        headers.insert_into(resp.headers_mut());
+                    }
+                    return Poll::Ready(Ok(resp));
+                }
+                StateProj::Answered { resp } => return Poll::Ready(Ok(resp.take().expect(POLLED_AFTER_DONE))),
             };
-            if !answer.allowed {
-                let mut resp = rejection(&answer);
-                insert_answer_headers(resp.headers_mut(), &answer, shared.headers);
-                return Ok(resp);
-            }
-            if !answer.delay.is_zero() {
-                tokio::time::sleep(answer.delay).await;
-            }
-            let resp = inner.call(Request::from_parts(parts, body)).await?;
-            let mut resp = resp.map(|body| RateLimitBody::Inner { body });
-            insert_answer_headers(resp.headers_mut(), &answer, shared.headers);
-            Ok(resp)
-        })
+            this.state.set(state);
+        }
     }
 }
 
@@ -185,50 +337,151 @@ fn peer_addr(ext: &http::Extensions) -> Option<SocketAddr> {
     if let Some(p) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(p.0);
     }
+    #[cfg(feature = "tonic")]
+    if let Some(p) = ext.get::<tonic::transport::server::TcpConnectInfo>().and_then(|c| c.remote_addr()) {
+        return Some(p);
+    }
     if let Some(p) = ext.get::<PeerAddr>() {
         return Some(p.0);
     }
     ext.get::<SocketAddr>().copied()
 }
 
-/// Add the rate-limit headers of `answer` in `mode` to `headers`. Every
-/// value is written into one buffer: one allocation for all of them.
+/// Add the rate-limit headers of `answer` in `mode` to `headers`.
 pub fn insert_answer_headers(headers: &mut http::HeaderMap, answer: &Answer, mode: HeaderMode) {
-    let headline = answer.headline.as_ref().map(|h| Headline {
-        name: h.name.as_deref(),
-        requests_per_unit: h.requests_per_unit,
-        window: h.window,
-        decision: &h.decision,
-    });
-    let mut buf = bytes::BytesMut::new();
-    let mut spans: [(&'static str, usize, usize); 6] = [("", 0, 0); 6];
-    let mut n = 0;
-    write_rate_limit_headers(answer.allowed, answer.retry_after, headline, mode, |name, value| {
-        let start = buf.len();
-        let _ = std::fmt::Write::write_fmt(&mut buf, value);
-        if n < spans.len() {
-            spans[n] = (name, start, buf.len());
-            n += 1;
+    AnswerHeaders::of(answer, mode).insert_into(headers);
+}
+
+/// The rate-limit header values of one answer, written once into one buffer
+/// (one allocation for all of them) and kept small: a forwarded request's
+/// response future carries them to the inner response.
+#[derive(Debug, Clone)]
+pub struct AnswerHeaders {
+    values: Bytes,
+    // Each field and where its value ends in `values` (it starts where the
+    // previous one ends).
+    fields: [(Field, u16); 6],
+    len: u8,
+}
+
+impl AnswerHeaders {
+    /// The headers of `answer` in `mode` (`Retry-After` on a denial that a
+    /// wait helps, whatever the mode).
+    pub fn of(answer: &Answer, mode: HeaderMode) -> Self {
+        let headline = answer.headline.as_ref().map(|h| Headline {
+            name: h.name.as_deref(),
+            requests_per_unit: h.requests_per_unit,
+            window: h.window,
+            decision: &h.decision,
+        });
+        let mut buf = Vec::new();
+        let mut fields = [(Field::RetryAfter, 0u16); 6];
+        let mut len = 0;
+        write_rate_limit_headers(answer.allowed, answer.retry_after, headline, mode, |field, value| {
+            if buf.capacity() == 0 {
+                buf.reserve(128);
+            }
+            value.write_to(&mut buf);
+            // A value past 64 KiB (a rule name that long) is left out: no
+            // server would take it.
+            if let (Ok(end), Some(slot)) = (u16::try_from(buf.len()), fields.get_mut(usize::from(len))) {
+                *slot = (field, end);
+                len += 1;
+            }
+        });
+        AnswerHeaders { values: Bytes::from(buf), fields, len }
+    }
+
+    /// Whether there is no header to send.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Insert them into `headers`, replacing any of the same name.
+    pub fn insert_into(&self, headers: &mut http::HeaderMap) {
+        let fields = &self.fields[..usize::from(self.len)];
+        headers.reserve(fields.len());
+        let mut start = 0;
+        for &(field, end) in fields {
+            let end = usize::from(end);
+            if let Ok(v) = HeaderValue::from_maybe_shared(self.values.slice(start..end)) {
+                headers.insert(header_name(field), v);
+            }
+            start = end;
         }
-    });
-    let all = buf.freeze();
-    for &(name, start, end) in &spans[..n] {
-        if let Ok(v) = HeaderValue::from_maybe_shared(all.slice(start..end)) {
-            headers.insert(name, v);
-        }
+    }
+}
+
+/// The field's header name, made once.
+fn header_name(field: Field) -> HeaderName {
+    const X_LIMIT: HeaderName = HeaderName::from_static(Field::XRateLimitLimit.name());
+    const X_REMAINING: HeaderName = HeaderName::from_static(Field::XRateLimitRemaining.name());
+    const X_RESET: HeaderName = HeaderName::from_static(Field::XRateLimitReset.name());
+    const POLICY: HeaderName = HeaderName::from_static(Field::RateLimitPolicy.name());
+    const RATELIMIT: HeaderName = HeaderName::from_static(Field::RateLimit.name());
+    match field {
+        Field::RetryAfter => RETRY_AFTER,
+        Field::XRateLimitLimit => X_LIMIT,
+        Field::XRateLimitRemaining => X_REMAINING,
+        Field::XRateLimitReset => X_RESET,
+        Field::RateLimitPolicy => POLICY,
+        Field::RateLimit => RATELIMIT,
     }
 }
 
 /// The `429` answer to a denied request (headers added by the caller).
 pub fn rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
-    let body = match answer.retry_after {
+    local_response(StatusCode::TOO_MANY_REQUESTS, format!("429 Too Many Requests: {}\n", denial_reason(answer)))
+}
+
+/// Why a request was denied, and when to come back.
+fn denial_reason(answer: &Answer) -> String {
+    match answer.retry_after {
         Some(wait) => {
             let secs = floodgate_core::headers::ceil_secs(wait).max(1);
-            format!("429 Too Many Requests: rate limit exceeded, retry after {secs} s\n")
+            format!("rate limit exceeded, retry after {secs} s")
         }
-        None => "429 Too Many Requests: rate limit exceeded (the request is larger than the limit)\n".to_owned(),
-    };
-    local_response(StatusCode::TOO_MANY_REQUESTS, body)
+        None => "rate limit exceeded (the request is larger than the limit)".to_owned(),
+    }
+}
+
+/// gRPC status codes the layer answers with.
+const GRPC_INVALID_ARGUMENT: u8 = 3;
+const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
+const GRPC_INTERNAL: u8 = 13;
+
+/// Whether `req` is a gRPC call (`content-type: application/grpc...`).
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The answer to a denied gRPC call: `RESOURCE_EXHAUSTED`, as gRPC clients
+/// expect (an HTTP `429` would reach them as `UNAVAILABLE`, which many retry
+/// at once). The rate-limit headers and `retry-after` go with it, as
+/// metadata.
+pub fn grpc_rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
+    grpc_response(GRPC_RESOURCE_EXHAUSTED, &denial_reason(answer))
+}
+
+/// A trailers-only gRPC response (HTTP 200, no body) with `code` and
+/// `message` (percent-encoded as gRPC requires).
+pub fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBody<B>> {
+    let mut resp = Response::new(RateLimitBody::Local { data: None });
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(u16::from(code)));
+    let mut encoded = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (b' '..=b'~').contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        headers.insert("grpc-message", v);
+    }
+    resp
 }
 
 /// A plain-text response made here.
@@ -292,5 +545,29 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
             RateLimitBody::Inner { body } => body.size_hint(),
             RateLimitBody::Local { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        let resp: Response<RateLimitBody<http_body_util::Empty<Bytes>>> =
+            grpc_response(GRPC_INTERNAL, "100% caf\u{e9}\n");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["grpc-status"], "13");
+        assert_eq!(resp.headers()["grpc-message"], "100%25 caf%C3%A9%0A");
+        assert!(resp.body().is_end_stream(), "trailers-only");
+    }
+
+    #[test]
+    fn only_grpc_content_types_are_grpc() {
+        let req = |ct: &str| Request::builder().header(CONTENT_TYPE, ct).body(()).unwrap();
+        assert!(is_grpc(&req("application/grpc")));
+        assert!(is_grpc(&req("application/grpc+proto")));
+        assert!(!is_grpc(&req("application/json")));
+        assert!(!is_grpc(&Request::new(())));
     }
 }

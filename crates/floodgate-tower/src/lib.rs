@@ -38,5 +38,8 @@ pub use descriptors::{
     templates as descriptor_templates,
 };
 pub use floodgate_core::headers::HeaderMode;
-pub use layer::{PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, insert_answer_headers, local_response, rejection};
+pub use layer::{
+    AnswerHeaders, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture, grpc_rejection, grpc_response,
+    insert_answer_headers, local_response, rejection,
+};
 pub use throttle::{Throttle, ThrottleError};

@@ -342,6 +342,17 @@ impl<C: Clock> Store for MemoryStore<C> {
         self.apply_all_at(checks, self.clock.now_us(), out);
         std::future::ready(())
     }
+
+    #[inline]
+    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+        Some(self.apply_sync(key, limit, hits))
+    }
+
+    #[inline]
+    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
+        self.apply_all_at(checks, self.clock.now_us(), out);
+        true
+    }
 }
 
 impl<C> std::fmt::Debug for MemoryStore<C> {

@@ -33,6 +33,21 @@ pub trait Store: Send + Sync {
         checks: &[Check<'_>],
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> impl Future<Output = ()> + Send;
+
+    /// [`Store::apply`] without waiting, for a store that can answer at once
+    /// (the in-memory store always does; the default is `None`). `None`
+    /// means nothing was done: ask [`Store::apply`].
+    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, limit, hits);
+        None
+    }
+
+    /// [`Store::apply_all`] without waiting, as [`Store::apply_now`]: `false`
+    /// means nothing was done (and `out` is untouched).
+    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
+        let _ = (checks, out);
+        false
+    }
 }
 
 /// One limit to decide for one request: the key's counter, the limit, the
