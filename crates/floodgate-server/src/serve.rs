@@ -364,7 +364,7 @@ impl Bound {
             let decider = ServiceDecider::new(service.clone(), p.domain.clone());
             let layer = RateLimitLayer::new(decider).trusted_proxies(p.trusted.clone()).headers(config.headers);
             let forward = Forward::new(p.upstream.clone(), p.upstream_timeout);
-            let serving = serve_proxy(listener, layer, forward, p.header_timeout, stop_rx.clone());
+            let serving = serve_proxy(listener, layer, forward, p.header_timeout, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });
         }
         // With Redis, overrides are shared: keep this instance in step.

@@ -94,6 +94,11 @@ pub(crate) struct ProxyArgs {
     /// /v1/check); `none`: off.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "none")]
     pub(crate) http_addr: String,
+    /// Serve on this many single-threaded runtimes, connections handed out
+    /// round-robin, each with its own upstream pool (default: one per core;
+    /// 0: on the shared runtime).
+    #[arg(long, env = "FLOODGATE_PROXY_THREADS")]
+    pub(crate) threads: Option<usize>,
     #[command(flatten)]
     pub(crate) common: CommonArgs,
 }

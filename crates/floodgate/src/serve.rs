@@ -54,11 +54,14 @@ fn serve_config(args: &ServeArgs) -> Result<Config, Failure> {
         grpc_addr: optional_addr("grpc-addr", &args.grpc_addr)?,
         http_addr: optional_addr("http-addr", &args.http_addr)?,
         body_limit: args.body_limit,
-        grpc_threads: args
-            .grpc_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)),
+        grpc_threads: args.grpc_threads.unwrap_or_else(cores),
         ..common_config(&args.common)?
     })
+}
+
+/// The number of cores (1 when unknown).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
@@ -78,6 +81,7 @@ fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
         trusted,
         upstream_timeout: duration("upstream-timeout", &args.upstream_timeout)?,
         header_timeout: duration("header-timeout", &args.header_timeout)?,
+        threads: args.threads.unwrap_or_else(cores),
     };
     Ok(Config {
         grpc_addr: None,

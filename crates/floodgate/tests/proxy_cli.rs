@@ -396,15 +396,19 @@ async fn http2_clients_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_request_in_flight_finish() {
-    let (up_addr, _) = upstream().await;
-    let p = proxy("proxy-term", PER_IP, format!("http://{up_addr}"), &[]).await;
-    let addr = p.proxy.clone();
-    let slow = tokio::spawn(async move { get(&addr, "/slow", &[]).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let code = tokio::task::spawn_blocking(move || p.terminate()).await.unwrap();
-    assert_eq!(code, Some(0));
-    let r = slow.await.unwrap();
-    assert_eq!((r.status, r.body.as_str()), (200, "slow"));
+    // Per-core runtimes (the default) and the shared runtime.
+    for (name, args) in [("proxy-term", &[] as &'static [&'static str]), ("proxy-term-shared", &["--threads", "0"])] {
+        let (up_addr, _) = upstream().await;
+        let p = proxy(name, PER_IP, format!("http://{up_addr}"), args).await;
+        let addr = p.proxy.clone();
+        let slow = tokio::spawn(async move { get(&addr, "/slow", &[]).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(get(&p.proxy, "/", &[]).await.status, 200, "{name}: served beside the slow one");
+        let code = tokio::task::spawn_blocking(move || p.terminate()).await.unwrap();
+        assert_eq!(code, Some(0), "{name}");
+        let r = slow.await.unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "slow"), "{name}");
+    }
 }
 
 #[test]
