@@ -431,17 +431,18 @@ fn header_name(field: Field) -> HeaderName {
 
 /// The `429` answer to a denied request (headers added by the caller).
 pub fn rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
-    local_response(StatusCode::TOO_MANY_REQUESTS, format!("429 Too Many Requests: {}\n", denial_reason(answer)))
+    local_response(StatusCode::TOO_MANY_REQUESTS, denial_reason(answer, "429 Too Many Requests: ", "\n"))
 }
 
-/// Why a request was denied, and when to come back.
-fn denial_reason(answer: &Answer) -> String {
+/// Why a request was denied, and when to come back, between `before` and
+/// `after` (one allocation).
+fn denial_reason(answer: &Answer, before: &str, after: &str) -> String {
     match answer.retry_after {
         Some(wait) => {
             let secs = floodgate_core::headers::ceil_secs(wait).max(1);
-            format!("rate limit exceeded, retry after {secs} s")
+            format!("{before}rate limit exceeded, retry after {secs} s{after}")
         }
-        None => "rate limit exceeded (the request is larger than the limit)".to_owned(),
+        None => format!("{before}rate limit exceeded (the request is larger than the limit){after}"),
     }
 }
 
@@ -460,7 +461,7 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
 /// at once). The rate-limit headers and `retry-after` go with it, as
 /// metadata.
 pub fn grpc_rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
-    grpc_response(GRPC_RESOURCE_EXHAUSTED, &denial_reason(answer))
+    grpc_response(GRPC_RESOURCE_EXHAUSTED, &denial_reason(answer, "", ""))
 }
 
 /// A trailers-only gRPC response (HTTP 200, no body) with `code` and
