@@ -130,6 +130,11 @@ impl<'a> OutcomeView<'a> {
     }
 }
 
+/// The verdict of a check whose rule has no limit (`unlimited: true`).
+fn unlimited(c: &RuleCheck<'_>) -> Verdict {
+    Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None }
+}
+
 /// The store's checks of `checks`: those with a limit, in order.
 fn store_checks<'a>(checks: &[RuleCheck<'a>]) -> Vec<Check<'a>> {
     checks
@@ -225,7 +230,7 @@ impl<S: Store> Limiter<S> {
         let verdicts: Vec<Verdict> = checks
             .iter()
             .map(|c| match c.rule.limit {
-                None => Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None },
+                None => unlimited(c),
                 Some(_) => self.verdict(c, results.next().expect("the store answers every check")),
             })
             .collect();
@@ -237,7 +242,7 @@ impl<S: Store> Limiter<S> {
     /// allocations (the tower layer's one-limit path).
     pub async fn check_one(&self, c: &RuleCheck<'_>) -> Verdict {
         let Some(limit) = c.rule.limit.as_ref() else {
-            return Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None };
+            return unlimited(c);
         };
         let result = self.store.apply(c.key, limit, c.hits).await;
         self.verdict(c, result)
@@ -246,7 +251,7 @@ impl<S: Store> Limiter<S> {
     /// [`Limiter::check_one`] without waiting, as [`Limiter::check_now`].
     pub fn check_one_now(&self, c: &RuleCheck<'_>) -> Option<Verdict> {
         let Some(limit) = c.rule.limit.as_ref() else {
-            return Some(Verdict { decision: None, shadow: c.rule.shadow_mode, failure: None });
+            return Some(unlimited(c));
         };
         let result = self.store.apply_now(c.key, limit, c.hits)?;
         Some(self.verdict(c, result))

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod overrides;
 pub mod proxy;
 pub mod reload;
+mod runtimes;
 pub mod serve;
 pub mod service;
 pub mod store;

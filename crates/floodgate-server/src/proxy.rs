@@ -45,6 +45,7 @@ use tower_layer::Layer;
 use tower_service::Service as _;
 
 use crate::metrics::Protocol;
+use crate::runtimes;
 use crate::service::{Descriptor, Request as RlsRequest, Service};
 
 /// The proxy's settings.
@@ -328,64 +329,21 @@ pub async fn serve_proxy<S: Store + 'static>(
     if threads == 0 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let serving = serve_connections(rx, layer, forward, header_timeout, stop.clone());
-        let accepting = accept(listener, vec![tx], stop);
+        let accepting = runtimes::accept(listener, vec![tx], stop);
         let ((), served) = tokio::join!(accepting, serving);
         return served;
     }
-    let mut senders = Vec::with_capacity(threads);
-    let mut done = Vec::with_capacity(threads);
-    for i in 0..threads {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
-        let (layer, forward, stop) = (layer.clone(), forward.with_own_pool(), stop.clone());
-        let thread = std::thread::Builder::new().name(format!("proxy-{i}")).spawn(move || {
-            let result = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(serve_connections(rx, layer, forward, header_timeout, stop)),
-                Err(e) => Err(format!("cannot start proxy runtime {i}: {e}")),
-            };
-            let _ = done_tx.send(result);
-        });
-        thread.map_err(|e| format!("cannot start proxy thread {i}: {e}"))?;
-        senders.push(tx);
-        done.push(done_rx);
-    }
-    accept(listener, senders, stop).await;
-    for d in done {
-        d.await.map_err(|_| "a proxy runtime stopped unexpectedly".to_owned())??;
-    }
-    Ok(())
-}
-
-/// An accepted connection and its peer.
-type Accepted = (std::net::TcpStream, SocketAddr);
-
-/// Accept until `stop`, handing connections to `senders` in turn; dropping
-/// them when done tells the servers no more are coming.
-async fn accept(
-    listener: TcpListener,
-    senders: Vec<tokio::sync::mpsc::UnboundedSender<Accepted>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut next = 0;
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            accepted = listener.accept() => {
-                // A failed accept (out of descriptors) drops that connection.
-                let Ok((io, peer)) = accepted else { continue };
-                let _ = io.set_nodelay(true);
-                let Ok(io) = io.into_std() else { continue };
-                let _ = senders[next % senders.len()].send((io, peer));
-                next += 1;
-            }
-        }
-    }
+    let serve_stop = stop.clone();
+    runtimes::on_threads(threads, "proxy", listener, stop, move |handed| {
+        serve_connections(handed, layer.clone(), forward.with_own_pool(), header_timeout, serve_stop.clone())
+    })
+    .await
 }
 
 /// Serve the connections from `incoming` on this runtime until `stop` or
 /// the end of `incoming`; then let open connections finish their requests.
 async fn serve_connections<S: Store + 'static>(
-    mut incoming: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
+    mut incoming: runtimes::Handed,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
     header_timeout: Duration,

@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::overrides::Overrides;
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::reload::{Rules, WatchOptions, Watcher, watch};
+use crate::runtimes;
 use crate::service::Service;
 use crate::store::ServerStore;
 
@@ -139,9 +140,8 @@ where
         .map_err(|e| e.to_string())
 }
 
-/// gRPC on `n` single-threaded runtimes: this task accepts and hands each
-/// connection to the next runtime in turn; each serves its connections
-/// alone. Returns when every runtime has drained after shutdown.
+/// gRPC on `n` single-threaded runtimes ([`runtimes::on_threads`]).
+/// Returns when every runtime has drained after shutdown.
 async fn per_thread_grpc(
     n: usize,
     listener: TcpListener,
@@ -150,50 +150,15 @@ async fn per_thread_grpc(
     headers: HeaderMode,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let mut senders = Vec::with_capacity(n);
-    let mut done = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<std::net::TcpStream>();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
-        let (service, health, stop) = (service.clone(), health.clone(), stop.clone());
-        let thread = std::thread::Builder::new().name(format!("grpc-{i}")).spawn(move || {
-            let result = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(async move {
-                    let incoming = tokio_stream::StreamExt::map(
-                        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                        tokio::net::TcpStream::from_std,
-                    );
-                    serve_grpc(incoming, service, health, headers, stop).await
-                }),
-                Err(e) => Err(format!("cannot start gRPC runtime {i}: {e}")),
-            };
-            let _ = done_tx.send(result);
-        });
-        thread.map_err(|e| format!("cannot start gRPC thread {i}: {e}"))?;
-        senders.push(tx);
-        done.push(done_rx);
-    }
-    let mut next = 0;
-    loop {
-        tokio::select! {
-            () = stopped(stop.clone()) => break,
-            accepted = listener.accept() => {
-                // A failed accept (e.g. out of descriptors) drops that one
-                // connection; the listener keeps serving.
-                let Ok((conn, _)) = accepted else { continue };
-                let _ = conn.set_nodelay(true);
-                let Ok(conn) = conn.into_std() else { continue };
-                let _ = senders[next % n].send(conn);
-                next += 1;
-            }
-        }
-    }
-    drop(listener);
-    drop(senders);
-    for d in done {
-        d.await.map_err(|_| "a gRPC runtime stopped unexpectedly".to_owned())??;
-    }
-    Ok(())
+    let serve_stop = stop.clone();
+    runtimes::on_threads(n, "grpc", listener, stop, move |handed| {
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(handed),
+            |(io, _peer)| tokio::net::TcpStream::from_std(io),
+        );
+        serve_grpc(incoming, service.clone(), health.clone(), headers, serve_stop.clone())
+    })
+    .await
 }
 
 /// Loaded and validated, not yet bound.

@@ -38,6 +38,27 @@ impl Store for ServerStore {
             Self::Redis(s) => s.apply_all(checks, out).await,
         }
     }
+
+    fn answers_now(&self) -> bool {
+        match self {
+            Self::Memory(s) => s.answers_now(),
+            Self::Redis(s) => s.answers_now(),
+        }
+    }
+
+    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+        match self {
+            Self::Memory(s) => s.apply_now(key, limit, hits),
+            Self::Redis(s) => s.apply_now(key, limit, hits),
+        }
+    }
+
+    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
+        match self {
+            Self::Memory(s) => s.apply_all_now(checks, out),
+            Self::Redis(s) => s.apply_all_now(checks, out),
+        }
+    }
 }
 
 impl Backend for ServerStore {

@@ -174,6 +174,11 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
     }
 
     fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
+        // A store that must be awaited would decline after the request was
+        // planned, and `decide` would plan it again.
+        if !self.limiter.store().answers_now() {
+            return None;
+        }
         let rules = self.rules.load();
         let planned = match self.plan(&rules, facts) {
             Ok(Some(p)) => p,
@@ -320,6 +325,9 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
     }
 
     fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
+        if !self.limiter.store().answers_now() {
+            return None;
+        }
         let mut buf = [0u8; 48];
         let key = match self.key.of(facts, &mut buf) {
             Ok(Some(key)) => key,

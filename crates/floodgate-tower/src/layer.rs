@@ -64,6 +64,15 @@ struct Shared<D> {
     headers: HeaderMode,
 }
 
+impl<D> Shared<D> {
+    /// What the decider knows of `req`: its client IP (the peer address, or
+    /// a trusted forwarding hop), request line and headers.
+    fn facts<'r, B>(&self, req: &'r Request<B>) -> RequestFacts<'r> {
+        let client_ip = peer_addr(req.extensions()).map(|p| self.trusted.client_ip(p.ip(), req.headers()));
+        RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip }
+    }
+}
+
 impl<D: Decide> RateLimitLayer<D> {
     /// A layer asking `decider`, trusting no proxy (the peer address is the
     /// client) and sending both header families.
@@ -156,21 +165,10 @@ where
         let mode = self.shared.headers;
         // A decider that can answer at once (an in-memory store) does, here:
         // no allocation, and the ready inner service is called in place.
-        let now = {
-            let client_ip = peer_addr(req.extensions()).map(|p| self.shared.trusted.client_ip(p.ip(), req.headers()));
-            let facts = RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip };
-            self.shared.decider.decide_now(&facts)
-        };
-        let Some(result) = now else {
+        let Some(result) = self.shared.decider.decide_now(&self.shared.facts(&req)) else {
             let shared = Arc::clone(&self.shared);
             let decision = Box::pin(async move {
-                let result = {
-                    let client_ip =
-                        peer_addr(req.extensions()).map(|p| shared.trusted.client_ip(p.ip(), req.headers()));
-                    let facts =
-                        RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip };
-                    shared.decider.decide(&facts).await
-                };
+                let result = shared.decider.decide(&shared.facts(&req)).await;
                 (req, result)
             });
             let state = State::Deciding { decision, inner: Some(self.take_ready()) };
@@ -390,11 +388,6 @@ impl AnswerHeaders {
             }
         });
         AnswerHeaders { values: Bytes::from(buf), fields, len }
-    }
-
-    /// Whether there is no header to send.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Insert them into `headers`, replacing any of the same name.

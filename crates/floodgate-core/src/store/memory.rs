@@ -344,6 +344,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     #[inline]
+    fn answers_now(&self) -> bool {
+        true
+    }
+
+    #[inline]
     fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
         Some(self.apply_sync(key, limit, hits))
     }

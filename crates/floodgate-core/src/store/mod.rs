@@ -34,6 +34,13 @@ pub trait Store: Send + Sync {
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> impl Future<Output = ()> + Send;
 
+    /// Whether [`Store::apply_now`] and [`Store::apply_all_now`] always
+    /// answer (the in-memory store: `true`; the default `false`), so a
+    /// caller can skip preparing a call that would be declined.
+    fn answers_now(&self) -> bool {
+        false
+    }
+
     /// [`Store::apply`] without waiting, for a store that can answer at once
     /// (the in-memory store always does; the default is `None`). `None`
     /// means nothing was done: ask [`Store::apply`].

@@ -1,0 +1,80 @@
+//! Serving on per-thread single-threaded runtimes (gRPC and the proxy): one
+//! task accepts and hands each connection to the next runtime in turn; each
+//! runtime serves its connections alone, so a request never wakes another
+//! thread and nothing is stolen between workers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::watch;
+
+/// An accepted connection (`TCP_NODELAY` set, nonblocking) and its peer.
+pub(crate) type Accepted = (std::net::TcpStream, SocketAddr);
+
+/// The connections handed to one runtime; it ends when accepting stops.
+pub(crate) type Handed = UnboundedReceiver<Accepted>;
+
+/// Serve `listener` on `n` threads named `{name}-{i}`, each a
+/// current-thread runtime running `serve(its connections)` (called on that
+/// thread, so per-thread state such as a connection pool is made there).
+/// Accepts until `stop`; returns when every runtime has drained.
+pub(crate) async fn on_threads<F, Fut>(
+    n: usize,
+    name: &'static str,
+    listener: TcpListener,
+    stop: watch::Receiver<bool>,
+    serve: F,
+) -> Result<(), String>
+where
+    F: Fn(Handed) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let mut senders = Vec::with_capacity(n);
+    let mut done = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = unbounded_channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
+        let serve = serve.clone();
+        let thread = std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+            let result = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(serve(rx)),
+                Err(e) => Err(format!("cannot start {name} runtime {i}: {e}")),
+            };
+            let _ = done_tx.send(result);
+        });
+        thread.map_err(|e| format!("cannot start {name} thread {i}: {e}"))?;
+        senders.push(tx);
+        done.push(done_rx);
+    }
+    accept(listener, senders, stop).await;
+    for d in done {
+        d.await.map_err(|_| format!("a {name} runtime stopped unexpectedly"))??;
+    }
+    Ok(())
+}
+
+/// Accept until `stop`, handing connections to `senders` in turn; dropping
+/// them when done tells the servers no more are coming.
+pub(crate) async fn accept(
+    listener: TcpListener,
+    senders: Vec<UnboundedSender<Accepted>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next = 0;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            accepted = listener.accept() => {
+                // A failed accept (e.g. out of descriptors) drops that one
+                // connection; the listener keeps serving.
+                let Ok((io, peer)) = accepted else { continue };
+                let _ = io.set_nodelay(true);
+                let Ok(io) = io.into_std() else { continue };
+                let _ = senders[next % senders.len()].send((io, peer));
+                next += 1;
+            }
+        }
+    }
+}
