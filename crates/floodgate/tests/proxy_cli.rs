@@ -340,8 +340,7 @@ async fn read_response(s: &mut TcpStream) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_down_is_502_and_a_slow_one_504() {
-    // A port nothing listens on.
-    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let (_held, dead) = cli::refusing_addr();
     let p = proxy("proxy-down", PER_IP, format!("http://{dead}"), &[]).await;
     let r = get(&p.proxy, "/", &[]).await;
     assert_eq!(r.status, 502);

@@ -45,8 +45,7 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
 
 #[test]
 fn check_exits_2_when_no_server_answers() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
+    let (_held, addr) = cli::refusing_addr();
     let (code, _, err) = run(&["check", "--server", &addr, "--domain", "d", "--descriptor", "k=v", "--timeout", "2s"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot connect"), "{err}");

@@ -23,6 +23,17 @@ pub fn floodgate() -> Command {
     c
 }
 
+/// An address that refuses connections for as long as the returned socket
+/// lives: bound but not listening, so no other test (or process) can be
+/// given the port meanwhile. A port taken from a dropped listener can be
+/// handed to the next server a parallel test starts, which then answers.
+pub fn refusing_addr() -> (tokio::net::TcpSocket, String) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap().to_string();
+    (socket, addr)
+}
+
 /// Run to the end: (exit code, stdout, stderr).
 pub fn run(args: &[&str]) -> (Option<i32>, String, String) {
     let Output { status, stdout, stderr } = floodgate().args(args).output().unwrap();
