@@ -1,90 +1,134 @@
--- entry.lua: decides every limit of one request (those in one cluster slot)
--- in one call, all or nothing. Loaded after lib.lua and the algorithms.
+-- entry.lua: decides one or more requests in one call, each request's
+-- limits all or nothing. Loaded after lib.lua and the algorithms.
 --
--- KEYS[i]      the counter key of check i (all in one hash slot).
--- ARGV[1]      now in microseconds since the Unix epoch, or "" to read the
---              Redis server's TIME (the default: instances with skewed
---              clocks still agree). With a given time, keys expire an
---              hour late (Redis expires them on its own clock).
--- ARGV[2]      "apply" or "refund".
--- ARGV[3 + 6 * (i - 1)] .. ARGV[8 + 6 * (i - 1)], for check i:
---              algorithm (fw fixed_window, sl sliding_log, sw sliding_window,
---              sb sliding_buckets, gc gcra / token_bucket / leaky_bucket
---              meter, sh leaky_bucket shaper), limit, window (us), burst or
---              granularity (0 when the algorithm takes neither), hits (at
---              most capacity + 1: every larger request is denied alike),
---              and for "apply" 1 when a denial denies the request (0 for a
---              shadow-mode limit), for "refund" the time the hits were
---              taken.
+-- A call carries a batch: the store sends the requests that arrive while
+-- its previous call is in flight together (one server), or one request's
+-- limits in one hash slot (Redis Cluster: every key of a call must share a
+-- slot). Requests are decided in order, each seeing the ones before it.
 --
--- "apply" decides the checks in order, each seeing the ones before it; when
--- an enforced check is denied, the checks that allowed are refunded at once
--- (which leaves no trace), so the request takes nothing anywhere. It returns
--- {now, denied (1/0), then per check: allowed (1/0), remaining, reset_after
--- (us), retry_after (us, -1 for none), delay (us)}.
+-- KEYS         the counter keys of every check of every request, in order.
+-- ARGV[1]      "apply" or "refund".
+-- Then per request:
+--   now        microseconds since the Unix epoch, or "" to read the Redis
+--              server's TIME (the default: instances with skewed clocks
+--              still agree). With a given time, keys expire an hour late
+--              (Redis expires them on its own clock).
+--   n          the number of its checks (its next n keys).
+--   6 values per check: algorithm (fw fixed_window, sl sliding_log, sw
+--              sliding_window, sb sliding_buckets, gc gcra / token_bucket /
+--              leaky_bucket meter, sh leaky_bucket shaper), limit, window
+--              (us), burst or granularity (0 when the algorithm takes
+--              neither), hits (at most capacity + 1: every larger request
+--              is denied alike), and for "apply" 1 when a denial denies the
+--              request (0 for a shadow-mode limit), for "refund" the time
+--              the hits were taken.
+--
+-- "apply" decides each request's checks in order; when an enforced check is
+-- denied, the request's checks that allowed are refunded at once (which
+-- leaves no trace), so the request takes nothing anywhere. It returns, per
+-- request: now, denied (1/0), then per check: allowed (1/0), remaining,
+-- reset_after (us), retry_after (us, -1 for none), delay (us).
 -- "refund" gives the hits back (a request whose other limits, in another
--- slot, denied it) and returns {now}.
+-- slot, denied it) and returns, per request: now.
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-  TTL_SLACK_MS = 3600000
-end
-local refunding = ARGV[2] == 'refund'
-if not refunding and ARGV[2] ~= 'apply' then
-  return redis.error_reply('floodgate: ARGV[2] must be apply or refund, not ' .. tostring(ARGV[2]))
-end
-if #ARGV ~= 2 + 6 * #KEYS then
-  return redis.error_reply('floodgate: expected ' .. (2 + 6 * #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+local op = ARGV[1]
+local refunding = op == 'refund'
+if not refunding and op ~= 'apply' then
+  return redis.error_reply('floodgate: ARGV[1] must be apply or refund, not ' .. tostring(op))
 end
 
-local checks = {}
-for i = 1, #KEYS do
-  local a = 3 + 6 * (i - 1)
-  local alg = ALG[ARGV[a]]
-  if not alg then
-    return redis.error_reply('floodgate: unknown algorithm ' .. tostring(ARGV[a]))
+-- The server's time, read at most once per call.
+local server_now
+local function time_now()
+  if not server_now then
+    local t = redis.call('TIME')
+    server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  checks[i] = {
-    key = KEYS[i], alg = alg, l = tonumber(ARGV[a + 1]), w = tonumber(ARGV[a + 2]),
-    p = tonumber(ARGV[a + 3]), hits = tonumber(ARGV[a + 4]), flag = tonumber(ARGV[a + 5]),
-  }
+  return server_now
 end
 
-local function refund(c, at)
-  if c.l > 0 and c.hits > 0 then
-    c.alg.refund(c.key, c.l, c.w, c.p, c.hits, at, math.max(now, at))
+local function bad(why)
+  return redis.error_reply('floodgate: ' .. why)
+end
+
+-- Check the shape of the whole batch before changing anything.
+local a, k = 2, 0
+while a <= #ARGV do
+  local n = tonumber(ARGV[a + 1])
+  if not n or n < 1 then return bad('bad check count ' .. tostring(ARGV[a + 1]) .. ' at ARGV[' .. (a + 1) .. ']') end
+  for i = 0, n - 1 do
+    local code = ARGV[a + 2 + 6 * i]
+    if not ALG[code] then return bad('unknown algorithm ' .. tostring(code) .. ' at ARGV[' .. (a + 2 + 6 * i) .. ']') end
+  end
+  a, k = a + 2 + 6 * n, k + n
+end
+if a ~= #ARGV + 1 or k ~= #KEYS then
+  return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
+end
+
+-- Check i of the request whose arguments start at a: its values (no table
+-- per check: this runs for every decision).
+local function check(a, i)
+  local b = a + 2 + 6 * (i - 1)
+  return ALG[ARGV[b]], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+    tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+end
+
+local function refund(key, alg, l, w, p, hits, at, now)
+  if l > 0 and hits > 0 then
+    alg.refund(key, l, w, p, hits, at, math.max(now, at))
   end
 end
 
-if refunding then
-  for i = 1, #checks do refund(checks[i], checks[i].flag) end
-  return { now }
-end
-
-local out = { now, 0 }
-local denied = false
-for i = 1, #checks do
-  local c = checks[i]
-  local allowed, remaining, reset, retry, delay
-  if c.l == 0 then
-    allowed, remaining, reset, retry, delay = c.hits == 0, 0, 0, -1, 0
+local out, o = {}, 0
+local allowed_at = {}
+a, k = 2, 0
+while a <= #ARGV do
+  local now
+  if ARGV[a] == '' then
+    now = time_now()
+    TTL_SLACK_MS = 2
   else
-    allowed, remaining, reset, retry, delay = c.alg.apply(c.key, c.l, c.w, c.p, c.hits, now)
+    now = tonumber(ARGV[a])
+    TTL_SLACK_MS = 3600000
   end
-  c.allowed = allowed
-  if not allowed and c.flag == 1 then denied = true end
-  local b = 3 + 5 * (i - 1)
-  if allowed then out[b] = 1 else out[b] = 0 end
-  out[b + 1], out[b + 2], out[b + 3], out[b + 4] = remaining, reset, retry, delay
-end
-if denied then
-  out[2] = 1
-  for i = #checks, 1, -1 do
-    if checks[i].allowed then refund(checks[i], now) end
+  local n = tonumber(ARGV[a + 1])
+  o = o + 1
+  out[o] = now
+  if refunding then
+    for i = 1, n do
+      local alg, l, w, p, hits, at = check(a, i)
+      refund(KEYS[k + i], alg, l, w, p, hits, at, now)
+    end
+  else
+    local head = o + 1
+    out[head] = 0
+    o = head
+    local denied = false
+    for i = 1, n do
+      local alg, l, w, p, hits, flag = check(a, i)
+      local allowed, remaining, reset, retry, delay
+      if l == 0 then
+        allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
+      else
+        allowed, remaining, reset, retry, delay = alg.apply(KEYS[k + i], l, w, p, hits, now)
+      end
+      allowed_at[i] = allowed
+      if not allowed and flag == 1 then denied = true end
+      if allowed then out[o + 1] = 1 else out[o + 1] = 0 end
+      out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, reset, retry, delay
+      o = o + 5
+    end
+    if denied then
+      out[head] = 1
+      for i = n, 1, -1 do
+        if allowed_at[i] then
+          local alg, l, w, p, hits = check(a, i)
+          refund(KEYS[k + i], alg, l, w, p, hits, now, now)
+        end
+      end
+    end
   end
+  a, k = a + 2 + 6 * n, k + n
 end
 return out

@@ -78,15 +78,18 @@ local function expire(key, ttl_us)
   redis.call('PEXPIRE', key, int(math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS))
 end
 
--- The numbers of a space-separated string state, or nil.
+-- The numbers of a space-separated string state of two or three numbers
+-- (n), or nil when the state is missing or not of that shape. One anchored
+-- match, not a word iterator: this runs on every decision.
 local function numbers(key, n)
   local v = redis.call('GET', key)
   if not v then return nil end
-  local out, i = {}, 0
-  for word in string.gmatch(v, '%d+') do
-    i = i + 1
-    out[i] = tonumber(word)
+  if n == 2 then
+    local a, b = string.match(v, '^(%d+) (%d+)$')
+    if not a then return nil end
+    return { tonumber(a), tonumber(b) }
   end
-  if i ~= n then return nil end
-  return out
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  if not a then return nil end
+  return { tonumber(a), tonumber(b), tonumber(c) }
 end

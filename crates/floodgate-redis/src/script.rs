@@ -63,40 +63,96 @@ pub fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
     format!("{prefix}{{{tag}}}{rest}:{:08x}", limit.fingerprint())
 }
 
-/// An `EVALSHA` (or, with `eval`, `EVAL`) of the script for `checks`.
-pub(crate) fn command(eval: bool, keys: &[String], checks: &[&Check<'_>], now_us: Option<u64>, op: Op) -> redis::Cmd {
+/// One check's arguments, owned: a request queued for a batch outlives the
+/// checks it was made from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CheckArgs {
+    code: &'static str,
+    limit: u64,
+    window: u64,
+    param: u64,
+    hits: u64,
+    flag: u64,
+}
+
+impl CheckArgs {
+    pub(crate) fn of(c: &Check<'_>, op: Op) -> Self {
+        let (code, param) = algorithm(c.limit);
+        // Every `hits` above the capacity is denied alike (with no retry
+        // time), so at most capacity + 1 is sent: every argument stays below
+        // 2^53 (exact in Lua).
+        Self {
+            code,
+            limit: c.limit.limit(),
+            window: c.limit.window_us(),
+            param,
+            hits: c.hits.min(c.limit.capacity() + 1),
+            flag: match op {
+                Op::Apply => u64::from(c.enforce),
+                Op::Refund(at) => at,
+            },
+        }
+    }
+}
+
+/// One request of a call: its time (`None`: the server's `TIME`), its
+/// counter keys, and its checks' arguments (as many as keys).
+pub(crate) type Request<'a> = (Option<u64>, &'a [String], &'a [CheckArgs]);
+
+/// An `EVALSHA` (or, with `eval`, `EVAL`) of the script deciding
+/// `requests` in order (see `entry.lua`).
+pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cmd {
     let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
     if eval {
         cmd.arg(SOURCE.as_str());
     } else {
         cmd.arg(SHA.as_str());
     }
-    cmd.arg(keys.len()).arg(keys);
-    match now_us {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
+    cmd.arg(requests.iter().map(|r| r.1.len()).sum::<usize>());
+    for (_, keys, _) in requests {
+        cmd.arg(*keys);
+    }
     cmd.arg(match op {
         Op::Apply => "apply",
         Op::Refund(_) => "refund",
     });
-    // Every `hits` above the capacity is denied alike (with no retry time),
-    // so at most capacity + 1 is sent: every argument stays below 2^53
-    // (exact in Lua).
-    for c in checks {
-        let (code, param) = algorithm(c.limit);
-        let flag = match op {
-            Op::Apply => u64::from(c.enforce),
-            Op::Refund(at) => at,
+    for (now, _, checks) in requests {
+        match now {
+            Some(now) => cmd.arg(*now),
+            None => cmd.arg(""),
         };
-        cmd.arg(code)
-            .arg(c.limit.limit())
-            .arg(c.limit.window_us())
-            .arg(param)
-            .arg(c.hits.min(c.limit.capacity() + 1))
-            .arg(flag);
+        cmd.arg(checks.len());
+        for c in *checks {
+            cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
+        }
     }
     cmd
+}
+
+/// Cut a call's reply into one reply per request: `counts` are the
+/// requests' numbers of checks; an apply answers `2 + 5 * n` values per
+/// request, a refund 1.
+pub(crate) fn split(
+    values: &[i64],
+    counts: impl Iterator<Item = usize> + Clone,
+    op: Op,
+) -> Result<Vec<&[i64]>, String> {
+    let len = |n: usize| match op {
+        Op::Apply => 2 + REPLY_STRIDE * n,
+        Op::Refund(_) => 1,
+    };
+    let expected: usize = counts.clone().map(len).sum();
+    if values.len() != expected {
+        return Err(format!("the script answered {} values, not {expected}", values.len()));
+    }
+    let mut rest = values;
+    Ok(counts
+        .map(|n| {
+            let (head, tail) = rest.split_at(len(n));
+            rest = tail;
+            head
+        })
+        .collect())
 }
 
 /// The reply to an apply: the time the script decided at, whether an

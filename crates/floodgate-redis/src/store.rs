@@ -3,17 +3,18 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use floodgate_core::{Check, Decision, Limit, Store, StoreError};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::breaker::Breaker;
 use crate::denied::DeniedCache;
-use crate::script::{self, Op, Reply};
+use crate::script::{self, CheckArgs, Op, Reply};
 use crate::target::Target;
 
 /// Settings of a [`RedisStore`].
@@ -94,6 +95,13 @@ impl Conn {
     }
 }
 
+/// Checks sent in one call at most, over every request batched into it.
+const BATCH_CHECKS: usize = 256;
+
+/// Batched calls in flight at once on one server: while they are, the
+/// requests that arrive wait for the next call.
+const BATCHES_IN_FLIGHT: usize = 2;
+
 /// The Redis and Redis Cluster store.
 ///
 /// * One round trip per decision: every limit of a request that lands in one
@@ -102,6 +110,15 @@ impl Conn {
 ///   nothing. Limits in several slots (Redis Cluster) go concurrently; when
 ///   one slot denies, the others are refunded (a second trip, on that path
 ///   only).
+/// * On one server, requests are batched, per deciding thread (each with
+///   its own queue and connection, so on per-core runtimes a request never
+///   crosses threads): at most [`BATCHES_IN_FLIGHT`] calls are in flight,
+///   and the requests that arrive meanwhile go together in the next call
+///   (up to [`BATCH_CHECKS`] checks), each still all or nothing on its own. An idle store sends a request at once, so
+///   batching adds no wait; under load it saves Redis the per-call cost
+///   (running the script, reading `TIME`) and this process the per-command
+///   one. A Redis Cluster cannot batch: the keys of one call must share a
+///   hash slot.
 /// * Every call is bounded by [`RedisConfig::timeout`]. After three
 ///   failures in a row a circuit breaker opens: decisions fail at once (the
 ///   rule's failure policy applies) while one probe every 500 ms tests
@@ -118,7 +135,10 @@ pub struct RedisStore {
 struct Inner {
     config: RedisConfig,
     client: Client,
-    conn: Mutex<Option<Conn>>,
+    conn: ConnSlot,
+    /// A single server's batch queues: one per thread that decides, each
+    /// with its own connection.
+    lanes: Mutex<Vec<Lane>>,
     connecting: tokio::sync::Mutex<()>,
     breaker: Breaker,
     denied: DeniedCache,
@@ -143,6 +163,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 /// A failure of one call, before it becomes a [`StoreError`].
+#[derive(Clone)]
 enum CallError {
     Open,
     Timeout,
@@ -180,6 +201,7 @@ impl RedisStore {
                 config,
                 client,
                 conn: Mutex::new(None),
+                lanes: Mutex::new(Vec::new()),
                 connecting: tokio::sync::Mutex::new(()),
                 breaker: Breaker::new(),
                 denied: DeniedCache::new(),
@@ -220,14 +242,14 @@ impl RedisStore {
         self.decide(checks, Some(now_us), out).await;
     }
 
-    async fn connection(&self) -> Result<Conn, redis::RedisError> {
-        if let Some(c) = self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+    async fn connection(&self, slot: &ConnSlot) -> Result<Conn, redis::RedisError> {
+        if let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).clone() {
             return Ok(c);
         }
         // One connect at a time; the others wait for it (bounded by the
         // call's timeout) instead of each opening a socket.
         let _one = self.inner.connecting.lock().await;
-        if let Some(c) = self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+        if let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).clone() {
             return Ok(c);
         }
         let t = self.inner.config.timeout;
@@ -241,35 +263,40 @@ impl RedisStore {
             }
             Client::Cluster(c) => Conn::Cluster(c.get_async_connection().await?),
         };
-        *self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
         Ok(conn)
     }
 
     /// Forget a single server's connection after a fault, so the next call
     /// makes a new one. A cluster connection is kept: it reconnects to its
     /// nodes and refreshes the topology itself.
-    fn drop_connection(&self) {
+    fn drop_connection(&self, slot: &ConnSlot) {
         if matches!(self.inner.client, Client::Single(_)) {
-            *self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
     }
 
     /// One command through the breaker, bounded by the timeout.
     /// `eval` builds the command to send instead on `NOSCRIPT` (only then:
     /// it carries the whole script).
+    /// `gated`: ask the breaker first (a batch does not: each of its
+    /// requests asked when it was queued). `deadline`: when to give up
+    /// (`None`: the configured timeout from now).
     async fn call(
         &self,
         cmd: &redis::Cmd,
         eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
+        gated: bool,
+        deadline: Option<tokio::time::Instant>,
+        slot: &ConnSlot,
     ) -> Result<redis::Value, CallError> {
         let i = &self.inner;
-        if !i.breaker.permit() {
-            i.rejected_open.fetch_add(1, Ordering::Relaxed);
+        if gated && !self.permit() {
             return Err(CallError::Open);
         }
         i.calls.fetch_add(1, Ordering::Relaxed);
         let attempt = async {
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection(slot).await?;
             match conn.query(cmd).await.and_then(redis::Value::extract_error) {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
                     // A restarted (or new) server: EVAL loads the script.
@@ -279,7 +306,8 @@ impl RedisStore {
                 r => r,
             }
         };
-        let result = match tokio::time::timeout(i.config.timeout, attempt).await {
+        let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + i.config.timeout);
+        let result = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(CallError::Redis(e)),
             Err(_) => Err(CallError::Timeout),
@@ -298,7 +326,7 @@ impl RedisStore {
                 };
                 if connection_fault {
                     i.breaker.failure();
-                    self.drop_connection();
+                    self.drop_connection(slot);
                 }
             }
         }
@@ -307,16 +335,43 @@ impl RedisStore {
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
     pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
-        self.call(cmd, None).await.map_err(|e| e.store_error(self.inner.config.timeout))
+        self.call(cmd, None, true, None, &self.inner.conn).await.map_err(|e| e.store_error(self.inner.config.timeout))
     }
 
-    /// One script call for a group of checks in one slot.
-    async fn run(&self, keys: &[String], checks: &[&Check<'_>], now: Option<u64>, op: Op) -> Result<Reply, CallError> {
-        let cmd = script::command(false, keys, checks, now, op);
-        let eval = || script::command(true, keys, checks, now, op);
-        let value = self.call(&cmd, Some(&eval)).await?;
-        let values: Vec<i64> =
-            redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))?;
+    /// Whether the breaker lets a call go (counted when it does not).
+    fn permit(&self) -> bool {
+        let ok = self.inner.breaker.permit();
+        if !ok {
+            self.inner.rejected_open.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// One script call for `requests`: the reply's values.
+    async fn run(
+        &self,
+        requests: &[script::Request<'_>],
+        op: Op,
+        gated: bool,
+        deadline: Option<tokio::time::Instant>,
+        slot: &ConnSlot,
+    ) -> Result<Vec<i64>, CallError> {
+        let cmd = script::command(false, requests, op);
+        let eval = || script::command(true, requests, op);
+        let value = self.call(&cmd, Some(&eval), gated, deadline, slot).await?;
+        redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))
+    }
+
+    /// One script call for one request's checks in one slot.
+    async fn run_one(
+        &self,
+        keys: &[String],
+        checks: &[&Check<'_>],
+        now: Option<u64>,
+        op: Op,
+    ) -> Result<Reply, CallError> {
+        let args: Vec<CheckArgs> = checks.iter().map(|c| CheckArgs::of(c, op)).collect();
+        let values = self.run(&[(now, keys, &args)], op, true, None, &self.inner.conn).await?;
         if let Op::Refund(_) = op {
             return Ok(Reply {
                 now_us: values.first().copied().unwrap_or(0).max(0) as u64,
@@ -325,6 +380,92 @@ impl RedisStore {
             });
         }
         script::reply(&values, checks).map_err(CallError::Reply)
+    }
+
+    /// One request's checks through the batch queue (one server). Gives the
+    /// keys back with the reply. No timer of its own: the batch answers
+    /// by the request's deadline (its call is bounded by its requests'
+    /// earliest one), and a request still queued at its deadline is not
+    /// sent.
+    async fn queued(
+        &self,
+        keys: Vec<String>,
+        checks: &[&Check<'_>],
+        now: Option<u64>,
+    ) -> (Vec<String>, Result<Reply, CallError>) {
+        if !self.permit() {
+            return (keys, Err(CallError::Open));
+        }
+        let (tx, rx) = oneshot::channel();
+        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply)).collect();
+        let deadline = tokio::time::Instant::now() + self.inner.config.timeout;
+        self.enqueue(Queued { now, keys, args, deadline, reply: tx });
+        match rx.await {
+            Ok((keys, Ok(values))) => {
+                let reply = script::reply(&values, checks).map_err(CallError::Reply);
+                (keys, reply)
+            }
+            Ok((keys, Err(e))) => (keys, Err(e)),
+            // The batching task's runtime shut down.
+            Err(_) => (Vec::new(), Err(CallError::Reply("the request was dropped unsent".to_owned()))),
+        }
+    }
+
+    /// Put a request on this thread's batch queue, starting its batching
+    /// task (on the current runtime) when there is none or its runtime is
+    /// gone. Per thread: on per-core runtimes, a request, its batch and the
+    /// connection stay on one thread (no cross-thread wake-ups).
+    fn enqueue(&self, q: Queued) {
+        let thread = std::thread::current().id();
+        let mut lanes = self.inner.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut q = match lanes.iter().position(|l| l.thread == thread) {
+            Some(i) => match lanes[i].tx.send(q) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(q)) => q,
+            },
+            None => q,
+        };
+        lanes.retain(|l| !l.tx.is_closed());
+        if lanes.len() >= MAX_LANES {
+            // More deciding threads than that: this one uses a random lane.
+            let hash = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), thread);
+            let i = (hash % lanes.len() as u64) as usize;
+            match lanes[i].tx.send(q) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => q = back,
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = Arc::new(Mutex::new(None));
+        tokio::spawn(batcher(Arc::downgrade(&self.inner), rx, Arc::clone(&conn)));
+        // A fresh channel's receiver is alive: the send succeeds.
+        let _ = tx.send(q);
+        lanes.push(Lane { thread, tx });
+    }
+
+    /// Send one batch and hand each request its part of the reply.
+    async fn send_batch(&self, batch: Vec<Queued>, slot: &ConnSlot) {
+        let requests: Vec<script::Request<'_>> = batch.iter().map(|q| (q.now, &q.keys[..], &q.args[..])).collect();
+        let deadline = batch.iter().map(|q| q.deadline).min();
+        let result = self.run(&requests, Op::Apply, false, deadline, slot).await;
+        drop(requests);
+        let parts = result.and_then(|values| {
+            let parts =
+                script::split(&values, batch.iter().map(|q| q.keys.len()), Op::Apply).map_err(CallError::Reply)?;
+            Ok(parts.into_iter().map(<[i64]>::to_vec).collect::<Vec<_>>())
+        });
+        match parts {
+            Ok(parts) => {
+                for (q, part) in batch.into_iter().zip(parts) {
+                    let _ = q.reply.send((q.keys, Ok(part)));
+                }
+            }
+            Err(e) => {
+                for q in batch {
+                    let _ = q.reply.send((q.keys, Err(e.clone())));
+                }
+            }
+        }
     }
 
     fn now(&self, now: Option<u64>) -> Option<u64> {
@@ -346,7 +487,7 @@ impl RedisStore {
         let cache = i.config.cache_denials && now.is_none();
         let now = self.now(now);
         let sent = Instant::now();
-        let keys: Vec<String> =
+        let mut keys: Vec<String> =
             checks.iter().map(|c| script::redis_key(&i.config.key_prefix, c.key, c.limit)).collect();
 
         // Every check a one-hit request on a key known to be over its limit:
@@ -362,14 +503,61 @@ impl RedisStore {
         }
 
         let groups = self.groups(&keys);
+        let replies = if matches!(i.client, Client::Single(_)) {
+            let refs: Vec<&Check<'_>> = checks.iter().collect();
+            let (back, reply) = self.queued(std::mem::take(&mut keys), &refs, now).await;
+            keys = back;
+            vec![reply]
+        } else {
+            // Boxed: the cluster's calls and refunds would otherwise make
+            // every decision's future (moved at each await level) larger.
+            Box::pin(self.across_slots(&keys, checks, now, &groups)).await
+        };
+
+        out.resize_with(checks.len(), || Ok(Decision::default()));
+        for (g, r) in groups.iter().zip(replies) {
+            match r {
+                Ok(r) => {
+                    for (&j, d) in g.iter().zip(r.decisions) {
+                        if cache
+                            && !d.allowed
+                            && checks[j].hits == 1
+                            && checks[j].enforce
+                            && let Some(key) = keys.get(j)
+                        {
+                            i.denied.put(key, sent, &d);
+                        }
+                        out[j] = Ok(d);
+                    }
+                }
+                Err(e) => {
+                    let e = e.store_error(i.config.timeout);
+                    for &j in g {
+                        out[j] = Err(e.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Redis Cluster's calls for one request: one per hash slot,
+    /// concurrently; when a slot denied, the slots that allowed are refunded.
+    async fn across_slots(
+        &self,
+        keys: &[String],
+        checks: &[Check<'_>],
+        now: Option<u64>,
+        groups: &[Vec<usize>],
+    ) -> Vec<Result<Reply, CallError>> {
+        let i = &self.inner;
         let replies = if groups.len() == 1 {
             let refs: Vec<&Check<'_>> = checks.iter().collect();
-            vec![self.run(&keys, &refs, now, Op::Apply).await]
+            vec![self.run_one(keys, &refs, now, Op::Apply).await]
         } else {
             let calls = groups.iter().map(|g| {
                 let ks: Vec<String> = g.iter().map(|&j| keys[j].clone()).collect();
                 let cs: Vec<&Check<'_>> = g.iter().map(|&j| &checks[j]).collect();
-                async move { self.run(&ks, &cs, now, Op::Apply).await }
+                async move { self.run_one(&ks, &cs, now, Op::Apply).await }
             });
             join_all(calls.collect()).await
         };
@@ -391,7 +579,7 @@ impl RedisStore {
             let calls: Vec<_> = refunds
                 .map(|(ks, cs, at)| async move {
                     i.cross_slot_refunds.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = self.run(&ks, &cs, now, Op::Refund(at)).await {
+                    if let Err(e) = self.run_one(&ks, &cs, now, Op::Refund(at)).await {
                         tracing::warn!(error = %e.store_error(i.config.timeout), "cross-slot refund failed: those limits keep this request's hits");
                     }
                 })
@@ -399,25 +587,7 @@ impl RedisStore {
             join_all(calls).await;
         }
 
-        out.resize_with(checks.len(), || Ok(Decision::default()));
-        for (g, r) in groups.iter().zip(replies) {
-            match r {
-                Ok(r) => {
-                    for (&j, d) in g.iter().zip(r.decisions) {
-                        if cache && !d.allowed && checks[j].hits == 1 && checks[j].enforce {
-                            i.denied.put(&keys[j], sent, &d);
-                        }
-                        out[j] = Ok(d);
-                    }
-                }
-                Err(e) => {
-                    let e = e.store_error(i.config.timeout);
-                    for &j in g {
-                        out[j] = Err(e.clone());
-                    }
-                }
-            }
-        }
+        replies
     }
 
     /// Indices of the checks, grouped by hash slot (one group on a single
@@ -438,8 +608,83 @@ impl RedisStore {
     }
 }
 
-/// Await every future, concurrently, in order (a request's slots).
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+/// A queued request's part of a batch's reply, with its keys given back.
+type BatchReply = (Vec<String>, Result<Vec<i64>, CallError>);
+
+/// Where a connection is kept (made on first use, dropped after a fault).
+type ConnSlot = Mutex<Option<Conn>>;
+
+/// Batch queues at most: past that, threads share them.
+const MAX_LANES: usize = 16;
+
+/// One thread's batch queue.
+struct Lane {
+    thread: std::thread::ThreadId,
+    tx: mpsc::UnboundedSender<Queued>,
+}
+
+/// A request waiting on a single server's batch queue: its time, keys and
+/// checks, and where its part of the reply goes (with its keys, given back).
+struct Queued {
+    now: Option<u64>,
+    keys: Vec<String>,
+    args: Vec<CheckArgs>,
+    deadline: tokio::time::Instant,
+    reply: oneshot::Sender<BatchReply>,
+}
+
+/// The batching task of a single server: takes the requests queued while
+/// [`BATCHES_IN_FLIGHT`] calls were out and sends them as one call. Ends
+/// when the store is dropped.
+async fn batcher(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Queued>, conn: Arc<ConnSlot>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT));
+    let mut next: Option<Queued> = None;
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let first = match next.take() {
+            Some(q) => q,
+            None => match rx.recv().await {
+                Some(q) => q,
+                None => return,
+            },
+        };
+        let mut checks = first.keys.len();
+        let mut batch = vec![first];
+        while let Ok(q) = rx.try_recv() {
+            if checks + q.keys.len() > BATCH_CHECKS {
+                next = Some(q);
+                break;
+            }
+            checks += q.keys.len();
+            batch.push(q);
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        // A request whose caller is gone is not decided, nor one whose
+        // deadline passed in the queue.
+        let now = tokio::time::Instant::now();
+        batch.retain(|q| !q.reply.is_closed());
+        for q in batch.extract_if(.., |q| q.deadline <= now) {
+            inner.timeouts.fetch_add(1, Ordering::Relaxed);
+            inner.errors.fetch_add(1, Ordering::Relaxed);
+            let _ = q.reply.send((q.keys, Err(CallError::Timeout)));
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let conn = Arc::clone(&conn);
+        tokio::spawn(async move {
+            RedisStore { inner }.send_batch(batch, &conn).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Await every future, concurrently, and give their outputs in order (a
+/// request's slots; in tests, concurrent traces).
+///
+/// # Panics
+/// Never: every future is polled until it finished.
+pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -469,18 +714,18 @@ impl Store for RedisStore {
         let t = self.inner.config.timeout;
         // A ping probes even through an open breaker: readiness must see
         // Redis come back.
-        let attempt = async { self.connection().await?.query(&redis::cmd("PING")).await };
+        let attempt = async { self.connection(&self.inner.conn).await?.query(&redis::cmd("PING")).await };
         match tokio::time::timeout(t, attempt).await {
             Ok(Ok(_)) => {
                 self.inner.breaker.success();
                 Ok(())
             }
             Ok(Err(e)) => {
-                self.drop_connection();
+                self.drop_connection(&self.inner.conn);
                 Err(StoreError::Unavailable(format!("Redis: {e}")))
             }
             Err(_) => {
-                self.drop_connection();
+                self.drop_connection(&self.inner.conn);
                 Err(StoreError::Unavailable(format!("Redis did not answer within {t:?}")))
             }
         }

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use crate::store::join_all;
+
 /// A `redis-server` process, killed (and its directory removed) on drop.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -23,9 +25,27 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, below Linux's ephemeral range
+/// (32768 and up by default). A port from `bind(0)` that is released again
+/// can be handed to the next `bind(0)` of a parallel test before
+/// `redis-server` takes it (or while a killed server is down); ports below
+/// that range are only ever given out here. Each call moves on from a start
+/// that depends on the process id, so test binaries run side by side rarely
+/// probe the same ports, and one that is taken is skipped.
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(LOW + (start + n) % SPAN).expect("below 32000");
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN)
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

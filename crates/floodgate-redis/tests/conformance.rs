@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use floodgate_core::{Algorithm, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, State, StoreError};
-use floodgate_redis::testing::{RedisCluster, RedisServer};
+use floodgate_redis::testing::{RedisCluster, RedisServer, join_all};
 use floodgate_redis::{RedisConfig, RedisStore};
 
 type Out = Vec<Result<Decision, StoreError>>;
@@ -106,13 +106,20 @@ impl Rng {
 }
 
 /// Run `traces` random traces of `steps` requests through `store`, each
-/// against a fresh model, and compare every decision.
+/// against a fresh model, and compare every decision. The traces run
+/// concurrently (each one in order, on keys of its own), so a store that
+/// batches concurrent requests into one call (one Redis server) decides
+/// requests of different traces, at different times, together.
 /// `CONFORMANCE_TRACES=N` multiplies the number of traces by N.
 async fn conformance(store: &impl AtStore, name: &str, traces: u64, steps: usize) {
     let scale: u64 = std::env::var("CONFORMANCE_TRACES").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let traces = traces * scale;
     let limits = limits();
-    for seed in 1..=traces {
+    join_all((1..=traces * scale).map(|seed| trace(store, name, &limits, seed, steps)).collect()).await;
+}
+
+/// One trace of [`conformance`].
+async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, steps: usize) {
+    {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut model = Model::default();
         // Keys unique to this run, so traces never share state; one limit
@@ -198,6 +205,15 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
+/// A Redis store for the suite: a generous timeout, because the suite
+/// checks decisions, not latency, and its concurrent traces share two
+/// cores with the servers (and, in CI, with other tests).
+fn conformance_store(url: &str) -> RedisStore {
+    let mut config = RedisConfig::new(url.parse().unwrap());
+    config.timeout = Duration::from_secs(5);
+    RedisStore::new(config).unwrap()
+}
+
 #[test]
 fn memory_store_conforms() {
     runtime().block_on(conformance(&MemoryStore::new(), "memory", 40, 300));
@@ -207,15 +223,17 @@ fn memory_store_conforms() {
 fn redis_store_conforms() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = RedisStore::new(RedisConfig::new(server.url().parse().unwrap())).unwrap();
+    let store = conformance_store(&server.url());
     rt.block_on(conformance(&store, "redis", 40, 300));
+    let stats = store.stats();
+    assert!(stats.calls * 4 <= 40 * 300, "concurrent requests were batched: {stats:?}");
 }
 
 #[test]
 fn redis_cluster_store_conforms() {
     let cluster = RedisCluster::start();
     let rt = runtime();
-    let store = RedisStore::new(RedisConfig::new(cluster.url().parse().unwrap())).unwrap();
+    let store = conformance_store(&cluster.url());
     rt.block_on(conformance(&store, "cluster", 20, 300));
     let stats = store.stats();
     assert!(stats.cross_slot_refunds > 0, "the traces spread requests over slots and some were refunded: {stats:?}");
