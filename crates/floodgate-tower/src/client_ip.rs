@@ -147,8 +147,17 @@ impl TrustedProxies {
     /// hop is trusted, the left-most. A hop that does not parse (`unknown`,
     /// an obfuscated `_node`, garbage) ends the walk: the client is then the
     /// trusted hop that handed it on, the last address known to be real.
+    #[inline]
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = canonical(peer);
+        // No proxy trusted (the default): the peer, without a call.
+        if self.networks.is_empty() {
+            return peer;
+        }
+        self.forwarded_client(peer, headers)
+    }
+
+    fn forwarded_client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.contains(peer) {
             return peer;
         }

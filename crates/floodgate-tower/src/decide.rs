@@ -236,29 +236,38 @@ impl Key {
     }
 }
 
+/// The decimal text of each octet (up to 3 digits) and its length.
+const OCTETS: [([u8; 4], u8); 256] = {
+    let mut t = [([0u8; 4], 0u8); 256];
+    let mut i = 0;
+    while i < 256 {
+        let (h, d, o) = ((i / 100) as u8, (i / 10 % 10) as u8, (i % 10) as u8);
+        t[i] = if i >= 100 {
+            ([b'0' + h, b'0' + d, b'0' + o, b'.'], 3)
+        } else if i >= 10 {
+            ([b'0' + d, b'0' + o, b'.', 0], 2)
+        } else {
+            ([b'0' + o, b'.', 0, 0], 1)
+        };
+        i += 1;
+    }
+    t
+};
+
 /// `ip` as text in `buf` (an IPv6 address is at most 45 bytes). IPv4, the
-/// common case, is written by hand: `Display` costs a tenth of a request.
+/// common case, is written from a table, four bytes per octet (the spare
+/// ones overwritten by the next): `Display` costs a tenth of a request.
 fn ip_text(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &str {
     let len = match ip {
         std::net::IpAddr::V4(v4) => {
             let mut n = 0;
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    buf[n] = b'.';
-                    n += 1;
-                }
-                if octet >= 100 {
-                    buf[n] = b'0' + octet / 100;
-                    n += 1;
-                }
-                if octet >= 10 {
-                    buf[n] = b'0' + octet / 10 % 10;
-                    n += 1;
-                }
-                buf[n] = b'0' + octet % 10;
-                n += 1;
+            for octet in v4.octets() {
+                let (text, len) = OCTETS[usize::from(octet)];
+                buf[n..n + 4].copy_from_slice(&text);
+                n += usize::from(len) + 1;
             }
-            n
+            // Without the last octet's dot.
+            n - 1
         }
         std::net::IpAddr::V6(_) => {
             let mut w = &mut buf[..];

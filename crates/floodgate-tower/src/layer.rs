@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use floodgate_core::headers::{Field, HeaderMode, Headline, write_rate_limit_headers};
+use floodgate_core::headers::{Field, HeaderMode, Headline, Value, write_rate_limit_headers};
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -175,12 +175,12 @@ where
             return ResponseFuture { state, headers: None, mode };
         };
         let mut headers = None;
-        let state = match next(&result, is_grpc(&req), &mut headers, mode) {
-            Next::Answered(resp) => State::Answered { resp: Some(resp) },
-            Next::Hold(delay) => State::holding(delay, self.take_ready(), req),
-            Next::Forward => State::Calling { fut: self.inner.call(req) },
-        };
-        ResponseFuture { state, headers, mode }
+        // Each arm builds the future in place: the inner future is not moved.
+        match next(&result, is_grpc(&req), &mut headers, mode) {
+            Next::Forward => ResponseFuture { state: State::Calling { fut: self.inner.call(req) }, headers, mode },
+            Next::Answered(resp) => ResponseFuture { state: State::Answered { resp: Some(resp) }, headers, mode },
+            Next::Hold(delay) => ResponseFuture { state: State::holding(delay, self.take_ready(), req), headers, mode },
+        }
     }
 }
 
@@ -221,8 +221,15 @@ fn next<ResB>(
         Err(e) => return Next::Answered(local_response(e.status, format!("{e}\n"))),
     };
     if !answer.allowed {
-        let mut resp = if grpc { grpc_rejection(answer) } else { rejection(answer) };
-        AnswerHeaders::of(answer, mode).insert_into(resp.headers_mut());
+        if grpc {
+            let mut resp = grpc_rejection(answer);
+            AnswerHeaders::of(answer, mode).insert_into(resp.headers_mut());
+            return Next::Answered(resp);
+        }
+        // The body is written after the header values: one buffer for all.
+        let (headers, body) = AnswerHeaders::with_text(answer, mode, |out| write_denial(answer, REJECTED, b"\n", out));
+        let mut resp = local_response_with(StatusCode::TOO_MANY_REQUESTS, body, headers.fields().len());
+        headers.insert_into(resp.headers_mut());
         return Next::Answered(resp);
     }
     let delay = answer.delay;
@@ -366,6 +373,12 @@ impl AnswerHeaders {
     /// The headers of `answer` in `mode` (`Retry-After` on a denial that a
     /// wait helps, whatever the mode).
     pub fn of(answer: &Answer, mode: HeaderMode) -> Self {
+        Self::with_text(answer, mode, |_| {}).0
+    }
+
+    /// The same, and `text` written after the values into the same buffer
+    /// (one allocation for a denial's headers and body).
+    fn with_text(answer: &Answer, mode: HeaderMode, text: impl FnOnce(&mut Vec<u8>)) -> (Self, Bytes) {
         let headline = answer.headline.as_ref().map(|h| Headline {
             name: h.name.as_deref(),
             requests_per_unit: h.requests_per_unit,
@@ -387,12 +400,20 @@ impl AnswerHeaders {
                 len += 1;
             }
         });
-        AnswerHeaders { values: Bytes::from(buf), fields, len }
+        let start = buf.len();
+        text(&mut buf);
+        let values = Bytes::from(buf);
+        let tail = values.slice(start..);
+        (AnswerHeaders { values, fields, len }, tail)
+    }
+
+    fn fields(&self) -> &[(Field, u16)] {
+        &self.fields[..usize::from(self.len)]
     }
 
     /// Insert them into `headers`, replacing any of the same name.
     pub fn insert_into(&self, headers: &mut http::HeaderMap) {
-        let fields = &self.fields[..usize::from(self.len)];
+        let fields = self.fields();
         headers.reserve(fields.len());
         let mut start = 0;
         for &(field, end) in fields {
@@ -422,21 +443,30 @@ fn header_name(field: Field) -> HeaderName {
     }
 }
 
+/// The start of a `429`'s body.
+const REJECTED: &[u8] = b"429 Too Many Requests: ";
+
 /// The `429` answer to a denied request (headers added by the caller).
 pub fn rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
-    local_response(StatusCode::TOO_MANY_REQUESTS, denial_reason(answer, "429 Too Many Requests: ", "\n"))
+    let mut text = Vec::with_capacity(80);
+    write_denial(answer, REJECTED, b"\n", &mut text);
+    local_response(StatusCode::TOO_MANY_REQUESTS, text)
 }
 
 /// Why a request was denied, and when to come back, between `before` and
-/// `after` (one allocation).
-fn denial_reason(answer: &Answer, before: &str, after: &str) -> String {
+/// `after`, appended to `out` (without `core::fmt`: a denial is as common as
+/// an attack makes it).
+fn write_denial(answer: &Answer, before: &[u8], after: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(before);
     match answer.retry_after {
         Some(wait) => {
-            let secs = floodgate_core::headers::ceil_secs(wait).max(1);
-            format!("{before}rate limit exceeded, retry after {secs} s{after}")
+            out.extend_from_slice(b"rate limit exceeded, retry after ");
+            Value::Number(floodgate_core::headers::ceil_secs(wait).max(1)).write_to(out);
+            out.extend_from_slice(b" s");
         }
-        None => format!("{before}rate limit exceeded (the request is larger than the limit){after}"),
+        None => out.extend_from_slice(b"rate limit exceeded (the request is larger than the limit)"),
     }
+    out.extend_from_slice(after);
 }
 
 /// gRPC status codes the layer answers with.
@@ -454,7 +484,9 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
 /// at once). The rate-limit headers and `retry-after` go with it, as
 /// metadata.
 pub fn grpc_rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
-    grpc_response(GRPC_RESOURCE_EXHAUSTED, &denial_reason(answer, "", ""))
+    let mut text = Vec::with_capacity(64);
+    write_denial(answer, b"", b"", &mut text);
+    grpc_response(GRPC_RESOURCE_EXHAUSTED, &String::from_utf8_lossy(&text))
 }
 
 /// A trailers-only gRPC response (HTTP 200, no body) with `code` and
@@ -479,10 +511,17 @@ pub fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBody<B>> {
 }
 
 /// A plain-text response made here.
-pub fn local_response<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
-    let mut resp = Response::new(RateLimitBody::Local { data: Some(Bytes::from(text)) });
+pub fn local_response<B>(status: StatusCode, text: impl Into<Bytes>) -> Response<RateLimitBody<B>> {
+    local_response_with(status, text.into(), 0)
+}
+
+/// The same, with room for `more` headers beside its content type.
+fn local_response_with<B>(status: StatusCode, text: Bytes, more: usize) -> Response<RateLimitBody<B>> {
+    let mut resp = Response::new(RateLimitBody::Local { data: Some(text) });
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    let headers = resp.headers_mut();
+    headers.reserve(1 + more);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     resp
 }
 
@@ -563,5 +602,66 @@ mod tests {
         assert!(is_grpc(&req("application/grpc+proto")));
         assert!(!is_grpc(&req("application/json")));
         assert!(!is_grpc(&Request::new(())));
+    }
+
+    #[test]
+    fn a_denial_has_its_body_and_every_header_value_from_one_buffer() {
+        use floodgate_core::Decision;
+        let decision = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            reset_after: Duration::from_millis(59_500),
+            retry_after: Some(Duration::from_millis(2_100)),
+            delay: Duration::ZERO,
+        };
+        let answer = Answer {
+            allowed: false,
+            retry_after: decision.retry_after,
+            delay: Duration::ZERO,
+            headline: Some(crate::decide::Headline {
+                name: Some("per \"ip\"".into()),
+                requests_per_unit: 10,
+                window: Duration::from_secs(60),
+                decision,
+            }),
+        };
+        for mode in [HeaderMode::None, HeaderMode::XRateLimit, HeaderMode::Ietf, HeaderMode::Both] {
+            let mut slot = None;
+            let Next::Answered(resp) =
+                next::<http_body_util::Empty<Bytes>>(&Ok(answer.clone()), false, &mut slot, mode)
+            else {
+                panic!("a denial is answered here")
+            };
+            assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+            let h = resp.headers();
+            assert_eq!(h[CONTENT_TYPE], "text/plain; charset=utf-8");
+            assert_eq!(h[RETRY_AFTER], "3", "{mode:?}");
+            let want_x = matches!(mode, HeaderMode::XRateLimit | HeaderMode::Both);
+            let want_ietf = matches!(mode, HeaderMode::Ietf | HeaderMode::Both);
+            assert_eq!(h.get("x-ratelimit-limit").map(|v| v.to_str().unwrap()), want_x.then_some("10"));
+            assert_eq!(h.get("x-ratelimit-remaining").map(|v| v.to_str().unwrap()), want_x.then_some("0"));
+            assert_eq!(h.get("x-ratelimit-reset").map(|v| v.to_str().unwrap()), want_x.then_some("60"));
+            assert_eq!(
+                h.get("ratelimit-policy").map(|v| v.to_str().unwrap()),
+                want_ietf.then_some(r#""per \"ip\"";q=10;w=60"#)
+            );
+            assert_eq!(
+                h.get("ratelimit").map(|v| v.to_str().unwrap()),
+                want_ietf.then_some(r#""per \"ip\"";r=0;t=60"#)
+            );
+            assert_eq!(h.len(), 2 + 3 * usize::from(want_x) + 2 * usize::from(want_ietf));
+            let RateLimitBody::Local { data: Some(body) } = resp.body() else { panic!("a local body") };
+            assert_eq!(&body[..], b"429 Too Many Requests: rate limit exceeded, retry after 3 s\n");
+        }
+        let too_big = Answer { retry_after: None, headline: None, ..answer };
+        let Next::Answered(resp) =
+            next::<http_body_util::Empty<Bytes>>(&Ok(too_big), false, &mut None, HeaderMode::Both)
+        else {
+            panic!("a denial is answered here")
+        };
+        assert!(resp.headers().get(RETRY_AFTER).is_none(), "no wait helps");
+        let RateLimitBody::Local { data: Some(body) } = resp.body() else { panic!("a local body") };
+        assert_eq!(&body[..], b"429 Too Many Requests: rate limit exceeded (the request is larger than the limit)\n");
     }
 }
