@@ -66,6 +66,9 @@ pub struct ProxyConfig {
     /// Serve on this many single-threaded runtimes (0: the shared one); see
     /// [`serve_proxy`].
     pub threads: usize,
+    /// At most this many requests held for shaping delays at once
+    /// ([`RateLimitLayer::max_held`]).
+    pub max_held: usize,
 }
 
 /// The upstream: `http://host:port[/base/path]`.

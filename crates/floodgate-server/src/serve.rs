@@ -327,7 +327,10 @@ impl Bound {
         servers.spawn(async move { ("admin", serving.await.map_err(|e| e.to_string())) });
         if let (Some(listener), Some(p)) = (proxy, &config.proxy) {
             let decider = ServiceDecider::new(service.clone(), p.domain.clone());
-            let layer = RateLimitLayer::new(decider).trusted_proxies(p.trusted.clone()).headers(config.headers);
+            let layer = RateLimitLayer::new(decider)
+                .trusted_proxies(p.trusted.clone())
+                .headers(config.headers)
+                .max_held(p.max_held);
             let forward = Forward::new(p.upstream.clone(), p.upstream_timeout);
             let serving = serve_proxy(listener, layer, forward, p.header_timeout, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -62,7 +63,19 @@ struct Shared<D> {
     decider: D,
     trusted: TrustedProxies,
     headers: HeaderMode,
+    holds: Holds,
 }
+
+/// The bound on requests held for shaping at once, and the count (shared by
+/// every clone of the service).
+#[derive(Debug, Clone)]
+struct Holds {
+    max: usize,
+    held: Arc<AtomicUsize>,
+}
+
+/// Default bound on requests held for shaping delays at once, per layer.
+pub const DEFAULT_MAX_HELD: usize = 10_000;
 
 impl<D> Shared<D> {
     /// What the decider knows of `req`: its client IP (the peer address, or
@@ -77,7 +90,14 @@ impl<D: Decide> RateLimitLayer<D> {
     /// A layer asking `decider`, trusting no proxy (the peer address is the
     /// client) and sending both header families.
     pub fn new(decider: D) -> Self {
-        Self { shared: Arc::new(Shared { decider, trusted: TrustedProxies::default(), headers: HeaderMode::Both }) }
+        Self {
+            shared: Arc::new(Shared {
+                decider,
+                trusted: TrustedProxies::default(),
+                headers: HeaderMode::Both,
+                holds: Holds { max: DEFAULT_MAX_HELD, held: Arc::new(AtomicUsize::new(0)) },
+            }),
+        }
     }
 
     fn with(self, f: impl FnOnce(&mut Shared<D>)) -> Self {
@@ -98,6 +118,23 @@ impl<D: Decide> RateLimitLayer<D> {
     #[must_use]
     pub fn headers(self, mode: HeaderMode) -> Self {
         self.with(|s| s.headers = mode)
+    }
+
+    /// Hold at most `max` requests for shaping delays at once (default
+    /// [`DEFAULT_MAX_HELD`]). Each shaping limit's `burst` bounds how many
+    /// wait per key; this bounds them all together, so many keys cannot
+    /// pile up held requests (and their sockets and buffers) without limit.
+    /// A request that would wait while `max` already do is answered `503
+    /// Service Unavailable` with `Retry-After` (its delay); the limit has
+    /// counted it, as a shaper counts a request it then drops.
+    #[must_use]
+    pub fn max_held(self, max: usize) -> Self {
+        self.with(|s| s.holds.max = max)
+    }
+
+    /// Requests held for shaping delays right now.
+    pub fn held(&self) -> usize {
+        self.shared.holds.held.load(Ordering::Relaxed)
     }
 
     /// The decider.
@@ -171,7 +208,7 @@ where
                 let result = shared.decider.decide(&shared.facts(&req)).await;
                 (req, result)
             });
-            let state = State::Deciding { decision, inner: Some(self.take_ready()) };
+            let state = State::Deciding { decision, inner: Some(self.take_ready()), holds: self.shared.holds.clone() };
             return ResponseFuture { state, headers: None, mode };
         };
         let mut headers = None;
@@ -179,7 +216,13 @@ where
         match next(&result, is_grpc(&req), &mut headers, mode) {
             Next::Forward => ResponseFuture { state: State::Calling { fut: self.inner.call(req) }, headers, mode },
             Next::Answered(resp) => ResponseFuture { state: State::Answered { resp: Some(resp) }, headers, mode },
-            Next::Hold(delay) => ResponseFuture { state: State::holding(delay, self.take_ready(), req), headers, mode },
+            Next::Hold(delay) => {
+                let state = match HeldSlot::take(&self.shared.holds) {
+                    Some(slot) => State::holding(delay, slot, self.take_ready(), req),
+                    None => State::Answered { resp: Some(too_many_held(delay, self.shared.holds.max, headers.take())) },
+                };
+                ResponseFuture { state, headers, mode }
+            }
         }
     }
 }
@@ -261,7 +304,7 @@ pin_project_lite::pin_project! {
     #[project = StateProj]
     enum State<S, F, ReqB, ResB> {
         // Waiting for a decider that could not answer at once.
-        Deciding { decision: Deciding<ReqB>, inner: Option<S> },
+        Deciding { decision: Deciding<ReqB>, inner: Option<S>, holds: Holds },
         // Holding an allowed request for its shaping delay (boxed: rare, and
         // it would make every response future larger).
         Holding { held: Option<Box<Held<S, ReqB>>> },
@@ -277,11 +320,53 @@ struct Held<S, ReqB> {
     sleep: Pin<Box<tokio::time::Sleep>>,
     inner: S,
     req: Request<ReqB>,
+    _slot: HeldSlot,
+}
+
+/// One of the layer's places for a held request, given back on drop (the
+/// request forwarded, or its client gone).
+struct HeldSlot(Arc<AtomicUsize>);
+
+impl HeldSlot {
+    /// A place, if fewer than the layer's maximum are taken.
+    fn take(holds: &Holds) -> Option<Self> {
+        let taken = holds.held.fetch_add(1, Ordering::AcqRel);
+        let slot = HeldSlot(Arc::clone(&holds.held));
+        // Over the bound: dropping the slot gives the place back.
+        (taken < holds.max).then_some(slot)
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The answer to a request that would be held while the layer already holds
+/// its maximum: `503` (the server is out of room, the client within its
+/// limit), `Retry-After` its delay, and its rate-limit headers.
+fn too_many_held<B>(delay: Duration, max: usize, headers: Option<AnswerHeaders>) -> Response<RateLimitBody<B>> {
+    let secs = floodgate_core::headers::ceil_secs(delay).max(1);
+    let mut text = Vec::with_capacity(96);
+    text.extend_from_slice(b"503 Service Unavailable: ");
+    Value::Number(u64::try_from(max).unwrap_or(u64::MAX)).write_to(&mut text);
+    text.extend_from_slice(b" requests are already held for shaping, retry after ");
+    Value::Number(secs).write_to(&mut text);
+    text.extend_from_slice(b" s\n");
+    let more = headers.as_ref().map_or(0, |h| h.fields().len());
+    let mut resp = local_response_with(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(text), 1 + more);
+    resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+    if let Some(h) = headers {
+        h.insert_into(resp.headers_mut());
+    }
+    resp
 }
 
 impl<S, F, ReqB, ResB> State<S, F, ReqB, ResB> {
-    fn holding(delay: Duration, inner: S, req: Request<ReqB>) -> Self {
-        State::Holding { held: Some(Box::new(Held { sleep: Box::pin(tokio::time::sleep(delay)), inner, req })) }
+    fn holding(delay: Duration, slot: HeldSlot, inner: S, req: Request<ReqB>) -> Self {
+        let sleep = Box::pin(tokio::time::sleep(delay));
+        State::Holding { held: Some(Box::new(Held { sleep, inner, req, _slot: slot })) }
     }
 }
 
@@ -306,12 +391,17 @@ where
         let mut this = self.project();
         loop {
             let state = match this.state.as_mut().project() {
-                StateProj::Deciding { decision, inner } => {
+                StateProj::Deciding { decision, inner, holds } => {
                     let (req, result) = std::task::ready!(decision.as_mut().poll(cx));
                     let mut inner = inner.take().expect(POLLED_AFTER_DONE);
                     match next(&result, is_grpc(&req), this.headers, *this.mode) {
                         Next::Answered(resp) => State::Answered { resp: Some(resp) },
-                        Next::Hold(delay) => State::holding(delay, inner, req),
+                        Next::Hold(delay) => match HeldSlot::take(holds) {
+                            Some(slot) => State::holding(delay, slot, inner, req),
+                            None => {
+                                State::Answered { resp: Some(too_many_held(delay, holds.max, this.headers.take())) }
+                            }
+                        },
                         Next::Forward => State::Calling { fut: inner.call(req) },
                     }
                 }

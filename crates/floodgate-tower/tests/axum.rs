@@ -171,6 +171,34 @@ async fn a_shaping_limit_delays_instead_of_rejecting_up_to_its_burst() {
 }
 
 #[tokio::test]
+async fn past_the_layers_bound_on_held_requests_a_shaped_one_is_503_not_a_pile_up() {
+    // One per 400 ms with room for 5 queued per key, but the layer holds at
+    // most one request at a time: of three at once, one passes now, one
+    // waits, one is answered 503 at once with when to come back.
+    let limit = Limit::new(
+        Algorithm::LeakyBucket { burst: Some(5), mode: floodgate_core::LeakyMode::Shape },
+        1,
+        Duration::from_millis(400),
+    )
+    .unwrap();
+    let layer = RateLimitLayer::new(KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new())).max_held(1);
+    let app = serve(layer.clone(), true).await;
+    let requests: Vec<_> = (0..3).map(|_| tokio::spawn(get_with(app.addr, &[]))).collect();
+    let mut replies = Vec::new();
+    for r in requests {
+        replies.push(r.await.unwrap());
+    }
+    replies.sort_by_key(|r| r.status);
+    assert_eq!(replies.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 200, 503]);
+    let full = &replies[2];
+    assert_eq!(header(full, "retry-after"), Some("1"), "its delay, rounded up");
+    assert!(full.body.contains("1 requests are already held for shaping"), "{}", full.body);
+    assert!(header(full, "x-ratelimit-limit").is_some(), "the rate-limit headers go with it");
+    assert_eq!(app.calls.load(Ordering::SeqCst), 2, "the 503 never reached the handler");
+    assert_eq!(layer.held(), 0, "every place is given back");
+}
+
+#[tokio::test]
 async fn two_apps_on_one_redis_share_the_limit_exactly() {
     let redis = RedisServer::start();
     let store = || RedisStore::new(RedisConfig::new(redis.url().parse::<Target>().unwrap())).unwrap();

@@ -94,6 +94,11 @@ pub(crate) struct ProxyArgs {
     /// /v1/check); `none`: off.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "none")]
     pub(crate) http_addr: String,
+    /// Hold at most this many requests for shaping delays at once (each
+    /// shaping rule's burst bounds them per key; this bounds them all); one
+    /// more is answered 503 with Retry-After.
+    #[arg(long, env = "FLOODGATE_MAX_HELD", default_value_t = floodgate_tower::DEFAULT_MAX_HELD)]
+    pub(crate) max_held: usize,
     /// Serve on this many single-threaded runtimes, connections handed out
     /// round-robin, each with its own upstream pool (default: one per core;
     /// 0: on the shared runtime).

@@ -82,6 +82,7 @@ fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
         upstream_timeout: duration("upstream-timeout", &args.upstream_timeout)?,
         header_timeout: duration("header-timeout", &args.header_timeout)?,
         threads: args.threads.unwrap_or_else(cores),
+        max_held: args.max_held,
     };
     Ok(Config {
         grpc_addr: None,

@@ -272,6 +272,26 @@ async fn a_shaping_rule_queues_up_to_its_burst_like_nginx_limit_req() {
     assert_eq!(statuses, [200, 200, 200, 429], "one now, two queued, one refused");
     assert!(started.elapsed() >= Duration::from_millis(800), "the queued ones were held: {:?}", started.elapsed());
     assert_eq!(up.calls.load(Ordering::SeqCst), 3);
+
+    // The same rule, but the proxy holds one request at most: the second
+    // waiting one is 503 (within its limit, but no room), not a pile-up.
+    let (up_addr, up) = upstream().await;
+    let p = proxy("proxy-shape-held", SHAPE, format!("http://{up_addr}"), &["--max-held", "1"]).await;
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = p.proxy.clone();
+            tokio::spawn(async move { get(&addr, "/", &[]).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    replies.sort_by_key(|r| r.status);
+    assert_eq!(replies.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 200, 503]);
+    assert_eq!(replies[2].header("retry-after"), Some("1"), "{}", replies[2].body);
+    assert!(replies[2].body.contains("already held for shaping"), "{}", replies[2].body);
+    assert_eq!(up.calls.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
