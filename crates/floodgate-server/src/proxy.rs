@@ -46,7 +46,7 @@ use tower_service::Service as _;
 
 use crate::metrics::Protocol;
 use crate::runtimes;
-use crate::service::{Descriptor, Request as RlsRequest, Service};
+use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
@@ -130,36 +130,62 @@ impl<S> fmt::Debug for ServiceDecider<S> {
     }
 }
 
-impl<S: Store + 'static> Decide for ServiceDecider<S> {
-    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+impl<S: Store> ServiceDecider<S> {
+    /// The RLS request of a request's descriptors (`None`: no descriptor, so
+    /// nothing limits it).
+    fn request(&self, facts: &RequestFacts<'_>) -> Result<Option<RlsRequest>, DecideError> {
         let descriptors =
             build_descriptors(descriptor_templates(&self.service.rules().current(), &self.domain), facts)?;
         if descriptors.is_empty() {
-            return Ok(Answer::unlimited());
+            return Ok(None);
         }
-        let req = RlsRequest {
+        Ok(Some(RlsRequest {
             domain: self.domain.clone(),
             descriptors: descriptors
                 .into_iter()
                 .map(|entries| Descriptor { entries, hits_addend: None, limit: None })
                 .collect(),
             hits_addend: 1,
+        }))
+    }
+}
+
+/// The layer's answer from the service's.
+fn layer_answer(a: Result<RlsAnswer, RequestError>) -> Result<Answer, DecideError> {
+    let a = a.map_err(|e| DecideError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("the descriptors built for this request are refused ({e}): check request_descriptors"),
+    })?;
+    Ok(Answer {
+        allowed: a.allowed,
+        retry_after: a.retry_after,
+        delay: a.delay,
+        headline: a.headline.map(|(info, decision)| Headline {
+            name: info.name,
+            requests_per_unit: info.requests_per_unit,
+            window: info.window,
+            decision,
+        }),
+    })
+}
+
+impl<S: Store + 'static> Decide for ServiceDecider<S> {
+    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+        let Some(req) = self.request(facts)? else { return Ok(Answer::unlimited()) };
+        layer_answer(self.service.decide(&req, Protocol::Proxy).await)
+    }
+
+    fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
+        // A store that must be awaited declines before the request is built.
+        if !self.service.store().answers_now() {
+            return None;
+        }
+        let req = match self.request(facts) {
+            Ok(Some(req)) => req,
+            Ok(None) => return Some(Ok(Answer::unlimited())),
+            Err(e) => return Some(Err(e)),
         };
-        let a = self.service.decide(&req, Protocol::Proxy).await.map_err(|e| DecideError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("the descriptors built for this request are refused ({e}): check request_descriptors"),
-        })?;
-        Ok(Answer {
-            allowed: a.allowed,
-            retry_after: a.retry_after,
-            delay: a.delay,
-            headline: a.headline.map(|(info, decision)| Headline {
-                name: info.name,
-                requests_per_unit: info.requests_per_unit,
-                window: info.window,
-                decision,
-            }),
-        })
+        Some(layer_answer(self.service.decide_now(&req, Protocol::Proxy)?))
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_core::limiter::{Limiter, RuleCheck, Verdict, most_restrictive};
+use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
@@ -182,6 +182,26 @@ impl<S: Store> Service<S> {
         result
     }
 
+    /// [`Service::decide`] without waiting, when the store answers at once
+    /// (the in-memory store); `None` otherwise, having counted nothing.
+    pub fn decide_now(&self, req: &Request, protocol: Protocol) -> Option<Result<Answer, RequestError>> {
+        if !self.limiter.store().answers_now() {
+            return None;
+        }
+        let started = Instant::now();
+        let result = match self.sources(req) {
+            Ok(sources) => {
+                let planned = plan(req, &sources);
+                let checks = checks_of(req, &planned);
+                let outcome = self.limiter.check_now(&checks)?;
+                Ok(self.answer(req, &planned, &checks, &outcome))
+            }
+            Err(e) => Err(e),
+        };
+        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
+        Some(result)
+    }
+
     /// The current counters of every limit applying to the request's
     /// descriptors, taking nothing (each limit peeked with 0 hits).
     pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
@@ -212,16 +232,20 @@ impl<S: Store> Service<S> {
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
         let sources = self.sources(req)?;
         let planned = plan(req, &sources);
-        let default_hits = req.hits_addend.max(1);
-        let checks: Vec<RuleCheck<'_>> = planned
-            .iter()
-            .map(|(d, key, rule)| RuleCheck {
-                key,
-                rule,
-                hits: req.descriptors[*d].hits_addend.unwrap_or(default_hits),
-            })
-            .collect();
+        let checks = checks_of(req, &planned);
         let outcome = self.limiter.check(&checks).await;
+        Ok(self.answer(req, &planned, &checks, &outcome))
+    }
+
+    /// The answer to `req` from the outcome of its planned checks (their
+    /// verdicts counted in the metrics).
+    fn answer(
+        &self,
+        req: &Request,
+        planned: &[(usize, String, &Rule)],
+        checks: &[RuleCheck<'_>],
+        outcome: &Outcome,
+    ) -> Answer {
         for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
             self.metrics.verdict(&req.domain, check.rule, verdict);
         }
@@ -238,14 +262,23 @@ impl<S: Store> Service<S> {
             })
             .collect();
         let headline = outcome.headline_index().and_then(|i| reported(&checks[i], &outcome.verdicts[i]));
-        Ok(Answer {
+        Answer {
             allowed: outcome.allowed,
             statuses,
             headline,
             retry_after: outcome.retry_after(),
             delay: outcome.delay(),
-        })
+        }
     }
+}
+
+/// The checks of the planned limits, each with its descriptor's hits.
+fn checks_of<'a>(req: &Request, planned: &'a [(usize, String, &'a Rule)]) -> Vec<RuleCheck<'a>> {
+    let default_hits = req.hits_addend.max(1);
+    planned
+        .iter()
+        .map(|(d, key, rule)| RuleCheck { key, rule, hits: req.descriptors[*d].hits_addend.unwrap_or(default_hits) })
+        .collect()
 }
 
 /// What a request's descriptors resolve against: the rules in use, the

@@ -185,3 +185,66 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
         }
     }
 }
+
+#[test]
+fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics() {
+    use std::sync::Arc;
+
+    use floodgate_core::MemoryStore;
+    use floodgate_core::limiter::Limiter;
+    use floodgate_core::rules::LoadOptions;
+    use floodgate_server::metrics::{Metrics, Protocol};
+    use floodgate_server::reload::Rules;
+    use floodgate_server::service::{Descriptor, Request, Service};
+
+    let dir = TempDir::new("decide-now");
+    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
+    std::fs::write(
+        dir.0.join("rules/api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 4, name: per_user}\n",
+    )
+    .unwrap();
+    let o = Arc::new(Overrides::open(dir.0.join("o.redb")).unwrap());
+    let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let service =
+        Service::new(rules, Some(o.clone()), Limiter::new(MemoryStore::new(), MemoryStore::new()), metrics.clone());
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let req = |user: &str| Request {
+        domain: "api".into(),
+        descriptors: vec![Descriptor { entries: vec![("user".into(), user.into())], ..Descriptor::default() }],
+        hits_addend: 1,
+    };
+    // Alternating the two paths counts one limit down: 3, 2, 1, 0, denied.
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let a = if i % 2 == 0 {
+            service.decide_now(&req("alice"), Protocol::Proxy).expect("the memory store answers now").unwrap()
+        } else {
+            rt.block_on(service.decide(&req("alice"), Protocol::Proxy)).unwrap()
+        };
+        let (info, d) = a.headline.clone().unwrap();
+        assert_eq!(info.name.as_deref(), Some("per_user"));
+        seen.push((a.allowed, d.remaining));
+        assert_eq!(a.retry_after.is_some(), !a.allowed);
+    }
+    assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)]);
+    // An override applies on the synchronous path too.
+    o.set(spec("bob", json!({"unit": "minute", "requests_per_unit": 1}))).unwrap();
+    let first = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
+    let second = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
+    assert_eq!((first.allowed, second.allowed), (true, false));
+    // Bad requests are refused the same way, and every decision is counted.
+    let empty = Request { domain: "api".into(), descriptors: vec![], hits_addend: 1 };
+    let sync_err = service.decide_now(&empty, Protocol::Proxy).unwrap().unwrap_err().to_string();
+    let async_err = rt.block_on(service.decide(&empty, Protocol::Proxy)).unwrap_err().to_string();
+    assert_eq!(sync_err, async_err);
+    let mut text = String::new();
+    metrics.render(&mut text);
+    let proxy_requests: f64 = text
+        .lines()
+        .filter(|l| l.contains("protocol=\"proxy\"") && l.starts_with("floodgate_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(proxy_requests, 9.0, "{text}");
+}
