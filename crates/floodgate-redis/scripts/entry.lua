@@ -131,4 +131,5 @@ while a <= #ARGV do
   end
   a, k = a + 2 + 6 * n, k + n
 end
+flush()
 return out

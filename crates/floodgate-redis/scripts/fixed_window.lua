@@ -18,7 +18,7 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   local until_end = w - e
   if hits == 0 or hits <= l - count then
     count = count + hits
-    if hits > 0 or moved then put(key, int(id) .. ' ' .. int(count), until_end) end
+    if hits > 0 or moved then put(key, until_end, id, count) end
     local reset = 0
     if count > 0 then reset = until_end end
     return true, l - count, reset, -1, 0
@@ -28,7 +28,7 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   if hits <= l then retry = until_end end
   -- The window moved on: keep that (it is the same state), so a clock
   -- that steps back later sees what the memory store sees.
-  if moved then put(key, int(id) .. ' 0', until_end) end
+  if moved then put(key, until_end, id, 0) end
   return false, math.max(l - count, 0), reset, retry, 0
 end
 
@@ -39,5 +39,5 @@ function ALG.fw.refund(key, l, w, _, hits, at, now)
   if divmod(at, w) ~= id then return end
   count = count - math.min(hits, count)
   local wid, e = divmod(math.max(now, at), w)
-  put(key, int(id) .. ' ' .. int(count), (id - wid) * w + w - e)
+  put(key, (id - wid) * w + w - e, id, count)
 end

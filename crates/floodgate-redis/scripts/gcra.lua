@@ -75,7 +75,7 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
   us, rem = tadd(us, rem, ku, kr, l)
   local new_reset = us - now
   if rem > 0 then new_reset = new_reset + 1 end
-  put(key, int(us) .. ' ' .. int(rem), new_reset)
+  put(key, new_reset, us, rem)
   return true, remaining(nu, nr), new_reset, -1, delay
 end
 
@@ -104,7 +104,7 @@ function ALG.gc.refund(key, l, w, _, hits, at, now)
   end
   local ttl = us - math.max(now, at)
   if rem > 0 then ttl = ttl + 1 end
-  put(key, int(us) .. ' ' .. int(rem), ttl)
+  put(key, ttl, us, rem)
 end
 
 ALG.sh.refund = ALG.gc.refund

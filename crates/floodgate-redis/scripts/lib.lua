@@ -66,11 +66,38 @@ end
 -- own clock, not on the given one.
 local TTL_SLACK_MS = 2
 
--- Keep a string state for `ttl_us` microseconds (rounded down to whole
--- milliseconds, plus the slack). A state whose wait is over is kept for
--- the slack too, not deleted: after a clock step back it still counts.
-local function put(key, value, ttl_us)
-  redis.call('SET', key, value, 'PX', int(math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS))
+-- String states (fixed_window, sliding_window, gcra) are read and written
+-- through a per-call cache: a key is read with one GET the first time the
+-- call needs it and written with one SET when the call ends (flush, called
+-- by entry.lua), however many of the batch's requests decide on it. A hot
+-- key then costs two Redis commands per call, not two per request; the
+-- answers are the same, as each request sees the state the ones before it
+-- left.
+--
+-- cached[key]: the parsed numbers, or false for a missing (or malformed)
+-- state; written[key]: the expiry in ms of a state to SET; order: the keys
+-- written, in order.
+local cached, written, order = {}, {}, {}
+
+-- Keep a string state of the numbers a, b (and c) for `ttl_us`
+-- microseconds (rounded down to whole milliseconds, plus the slack). A
+-- state whose wait is over is kept for the slack too, not deleted: after a
+-- clock step back it still counts.
+local function put(key, ttl_us, a, b, c)
+  cached[key] = { a, b, c }
+  if not written[key] then order[#order + 1] = key end
+  written[key] = math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS
+end
+
+-- Write every state put in this call.
+local function flush()
+  for i = 1, #order do
+    local key = order[i]
+    local s = cached[key]
+    local v = int(s[1]) .. ' ' .. int(s[2])
+    if s[3] then v = v .. ' ' .. int(s[3]) end
+    redis.call('SET', key, v, 'PX', int(written[key]))
+  end
 end
 
 -- Set a hash state's expiry the same way.
@@ -80,16 +107,24 @@ end
 
 -- The numbers of a space-separated string state of two or three numbers
 -- (n), or nil when the state is missing or not of that shape. One anchored
--- match, not a word iterator: this runs on every decision.
+-- match, not a word iterator, and once per key per call. The table is the
+-- cache's: read it, never change it.
 local function numbers(key, n)
-  local v = redis.call('GET', key)
-  if not v then return nil end
-  if n == 2 then
-    local a, b = string.match(v, '^(%d+) (%d+)$')
-    if not a then return nil end
-    return { tonumber(a), tonumber(b) }
+  local s = cached[key]
+  if s == nil then
+    s = false
+    local v = redis.call('GET', key)
+    if v then
+      if n == 2 then
+        local a, b = string.match(v, '^(%d+) (%d+)$')
+        if a then s = { tonumber(a), tonumber(b) } end
+      else
+        local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+        if a then s = { tonumber(a), tonumber(b), tonumber(c) } end
+      end
+    end
+    cached[key] = s
   end
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-  if not a then return nil end
-  return { tonumber(a), tonumber(b), tonumber(c) }
+  if not s or (s[3] ~= nil) ~= (n == 3) then return nil end
+  return s
 end

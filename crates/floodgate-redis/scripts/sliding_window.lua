@@ -42,7 +42,7 @@ function ALG.sw.apply(key, l, w, _, hits, now)
   if hits == 0 or hits <= free then
     cur = cur + hits
     local reset = sw_reset(w, e, prev, cur)
-    if hits > 0 or moved then put(key, int(id) .. ' ' .. int(prev) .. ' ' .. int(cur), reset) end
+    if hits > 0 or moved then put(key, reset, id, prev, cur) end
     return true, math.max(free - hits, 0), reset, -1, 0
   end
   local retry = -1
@@ -65,7 +65,7 @@ function ALG.sw.apply(key, l, w, _, hits, now)
   end
   local reset = sw_reset(w, e, prev, cur)
   -- The window moved on: keep that (the same state; see fixed_window.lua).
-  if moved then put(key, int(id) .. ' ' .. int(prev) .. ' ' .. int(cur), reset) end
+  if moved then put(key, reset, id, prev, cur) end
   return false, math.max(free, 0), reset, retry, 0
 end
 
@@ -83,5 +83,5 @@ function ALG.sw.refund(key, l, w, _, hits, at, now)
   end
   local nid, e = divmod(math.max(now, at), w)
   local ttl = sw_reset(w, e, prev, cur) + (id - nid) * w
-  put(key, int(id) .. ' ' .. int(prev) .. ' ' .. int(cur), ttl)
+  put(key, ttl, id, prev, cur)
 end
