@@ -73,8 +73,16 @@ fn invalid_overrides_are_refused_and_change_nothing() {
     assert!(o.is_empty());
 }
 
-#[test]
-fn an_override_takes_precedence_over_the_files() {
+/// A service over the in-memory store on one rules file for domain `api`,
+/// with overrides (in `dir`) and its metrics.
+fn memory_service(
+    dir: &TempDir,
+    rules_yaml: &str,
+) -> (
+    floodgate_server::service::Service<floodgate_core::MemoryStore>,
+    std::sync::Arc<Overrides>,
+    std::sync::Arc<floodgate_server::metrics::Metrics>,
+) {
     use std::sync::Arc;
 
     use floodgate_core::MemoryStore;
@@ -82,19 +90,26 @@ fn an_override_takes_precedence_over_the_files() {
     use floodgate_core::rules::LoadOptions;
     use floodgate_server::metrics::Metrics;
     use floodgate_server::reload::Rules;
-    use floodgate_server::service::{Descriptor, Request, Service};
+    use floodgate_server::service::Service;
 
-    let dir = TempDir::new("precedence");
     std::fs::create_dir_all(dir.0.join("rules")).unwrap();
-    std::fs::write(
-        dir.0.join("rules/api.yaml"),
-        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
-    )
-    .unwrap();
+    std::fs::write(dir.0.join("rules/api.yaml"), rules_yaml).unwrap();
     let o = Arc::new(Overrides::open(dir.0.join("o.redb")).unwrap());
     let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
+    let metrics = Arc::new(Metrics::new());
     let limiter = Limiter::new(MemoryStore::new(), MemoryStore::new());
-    let service = Service::new(rules, Some(o.clone()), limiter, Arc::new(Metrics::new()));
+    (Service::new(rules, Some(o.clone()), limiter, metrics.clone()), o, metrics)
+}
+
+#[test]
+fn an_override_takes_precedence_over_the_files() {
+    use floodgate_server::service::{Descriptor, Request};
+
+    let dir = TempDir::new("precedence");
+    let (service, o, _) = memory_service(
+        &dir,
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    );
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     // The (counter key, limit) of every limit applying to one descriptor.
     let resolve = |k: &str, v: &str| -> Vec<(String, u64)> {
@@ -188,27 +203,14 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
 
 #[test]
 fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics() {
-    use std::sync::Arc;
-
-    use floodgate_core::MemoryStore;
-    use floodgate_core::limiter::Limiter;
-    use floodgate_core::rules::LoadOptions;
-    use floodgate_server::metrics::{Metrics, Protocol};
-    use floodgate_server::reload::Rules;
-    use floodgate_server::service::{Descriptor, Request, Service};
+    use floodgate_server::metrics::Protocol;
+    use floodgate_server::service::{Descriptor, Request};
 
     let dir = TempDir::new("decide-now");
-    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
-    std::fs::write(
-        dir.0.join("rules/api.yaml"),
+    let (service, o, metrics) = memory_service(
+        &dir,
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 4, name: per_user}\n",
-    )
-    .unwrap();
-    let o = Arc::new(Overrides::open(dir.0.join("o.redb")).unwrap());
-    let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let service =
-        Service::new(rules, Some(o.clone()), Limiter::new(MemoryStore::new(), MemoryStore::new()), metrics.clone());
+    );
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let req = |user: &str| Request {
         domain: "api".into(),

@@ -147,24 +147,31 @@ async fn behind_a_trusted_proxy_the_forwarded_client_is_limited_and_cannot_escap
     assert_eq!(get_with(app.addr, &[("x-forwarded-for", "198.51.100.7")]).await.status, 200);
 }
 
+/// A per-client-IP shaper: one request per `every`, `queued` waiting.
+fn shaper(queued: u64, every: Duration) -> RateLimitLayer<KeyedLimit<MemoryStore>> {
+    let mode = floodgate_core::LeakyMode::Shape;
+    let limit = Limit::new(Algorithm::LeakyBucket { burst: Some(queued), mode }, 1, every).unwrap();
+    RateLimitLayer::new(KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new()))
+}
+
+/// `n` requests to `app` at once; their replies, by status.
+async fn at_once(app: &App, n: usize) -> Vec<Reply> {
+    let requests: Vec<_> = (0..n).map(|_| tokio::spawn(get_with(app.addr, &[]))).collect();
+    let mut replies = Vec::new();
+    for r in requests {
+        replies.push(r.await.unwrap());
+    }
+    replies.sort_by_key(|r| r.status);
+    replies
+}
+
 #[tokio::test]
 async fn a_shaping_limit_delays_instead_of_rejecting_up_to_its_burst() {
     // One per 300 ms, 2 queued: one passes now, two wait 300 and 600 ms,
     // the fourth is rejected (arrivals may spread over up to 300 ms).
-    let limit = Limit::new(
-        Algorithm::LeakyBucket { burst: Some(2), mode: floodgate_core::LeakyMode::Shape },
-        1,
-        Duration::from_millis(300),
-    )
-    .unwrap();
-    let app = serve(RateLimitLayer::new(KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new())), true).await;
+    let app = serve(shaper(2, Duration::from_millis(300)), true).await;
     let started = Instant::now();
-    let requests: Vec<_> = (0..4).map(|_| tokio::spawn(get_with(app.addr, &[]))).collect();
-    let mut statuses = Vec::new();
-    for r in requests {
-        statuses.push(r.await.unwrap().status);
-    }
-    statuses.sort_unstable();
+    let statuses: Vec<u16> = at_once(&app, 4).await.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 200, 200, 429], "one now, two queued, the fourth refused");
     // The last admitted one was held for two emission intervals.
     assert!(started.elapsed() >= Duration::from_millis(600), "{:?}", started.elapsed());
@@ -175,20 +182,9 @@ async fn past_the_layers_bound_on_held_requests_a_shaped_one_is_503_not_a_pile_u
     // One per 400 ms with room for 5 queued per key, but the layer holds at
     // most one request at a time: of three at once, one passes now, one
     // waits, one is answered 503 at once with when to come back.
-    let limit = Limit::new(
-        Algorithm::LeakyBucket { burst: Some(5), mode: floodgate_core::LeakyMode::Shape },
-        1,
-        Duration::from_millis(400),
-    )
-    .unwrap();
-    let layer = RateLimitLayer::new(KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new())).max_held(1);
+    let layer = shaper(5, Duration::from_millis(400)).max_held(1);
     let app = serve(layer.clone(), true).await;
-    let requests: Vec<_> = (0..3).map(|_| tokio::spawn(get_with(app.addr, &[]))).collect();
-    let mut replies = Vec::new();
-    for r in requests {
-        replies.push(r.await.unwrap());
-    }
-    replies.sort_by_key(|r| r.status);
+    let replies = at_once(&app, 3).await;
     assert_eq!(replies.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 200, 503]);
     let full = &replies[2];
     assert_eq!(header(full, "retry-after"), Some("1"), "its delay, rounded up");
