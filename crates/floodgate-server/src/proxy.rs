@@ -32,6 +32,7 @@ use floodgate_tower::{
     descriptor_templates,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -100,6 +101,20 @@ impl FromStr for Upstream {
         }
         let base = uri.path().trim_end_matches('/').to_owned();
         Ok(Upstream { authority, base })
+    }
+}
+
+impl Upstream {
+    /// Where a request for `path` (its path and query; `None`: `/`) goes.
+    /// Without a base path, the request's own path and query are reused as
+    /// they are (no text formatted or parsed again per request).
+    fn uri_for(&self, path: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let path = match (path, self.base.is_empty()) {
+            (Some(p), true) => p.clone(),
+            (None, true) => PathAndQuery::from_static("/"),
+            (p, false) => PathAndQuery::try_from(format!("{}{}", self.base, p.map_or("/", PathAndQuery::as_str)))?,
+        };
+        Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(path).build()
     }
 }
 
@@ -228,8 +243,8 @@ impl Forward {
 
     async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let Ok(uri) = format!("http://{}{}{}", self.upstream.authority, self.upstream.base, path).parse::<Uri>() else {
+        let Ok(uri) = self.upstream.uri_for(req.uri().path_and_query()) else {
+            let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
             return local(StatusCode::BAD_REQUEST, format!("400 Bad Request: cannot forward the path `{path}`\n"));
         };
         // HTTP/2 clients send no Host: keep the authority they asked for.
@@ -411,6 +426,23 @@ async fn serve_connections<S: Store + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_paths_go_under_the_upstreams_base() {
+        let pq = |s: &str| PathAndQuery::try_from(s).unwrap();
+        let bare: Upstream = "http://127.0.0.1:3000".parse().unwrap();
+        let based: Upstream = "http://127.0.0.1:3000/api/".parse().unwrap();
+        for (u, path, want) in [
+            (&bare, Some("/a/b?x=1&y"), "http://127.0.0.1:3000/a/b?x=1&y"),
+            (&bare, None, "http://127.0.0.1:3000/"),
+            (&based, Some("/a?x=1"), "http://127.0.0.1:3000/api/a?x=1"),
+            (&based, Some("/"), "http://127.0.0.1:3000/api/"),
+            (&based, None, "http://127.0.0.1:3000/api/"),
+        ] {
+            let p = path.map(pq);
+            assert_eq!(u.uri_for(p.as_ref()).unwrap().to_string(), want, "{u} {path:?}");
+        }
+    }
 
     #[test]
     fn upstreams_parse_or_say_what_to_write() {
