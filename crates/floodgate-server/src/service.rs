@@ -178,7 +178,7 @@ impl<S: Store> Service<S> {
     pub async fn decide(&self, req: &Request, protocol: Protocol) -> Result<Answer, RequestError> {
         let started = Instant::now();
         let result = self.decide_inner(req).await;
-        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
+        self.record(protocol, &result, started);
         result
     }
 
@@ -189,17 +189,14 @@ impl<S: Store> Service<S> {
             return None;
         }
         let started = Instant::now();
-        let result = match self.sources(req) {
-            Ok(sources) => {
-                let planned = plan(req, &sources);
-                let checks = checks_of(req, &planned);
-                let outcome = self.limiter.check_now(&checks)?;
-                Ok(self.answer(req, &planned, &checks, &outcome))
-            }
-            Err(e) => Err(e),
-        };
-        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
+        let result = self.decide_inner_now(req)?;
+        self.record(protocol, &result, started);
         Some(result)
+    }
+
+    /// A decided request (or a refused one) in the metrics.
+    fn record(&self, protocol: Protocol, result: &Result<Answer, RequestError>, started: Instant) {
+        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
     }
 
     /// The current counters of every limit applying to the request's
@@ -235,6 +232,17 @@ impl<S: Store> Service<S> {
         let checks = checks_of(req, &planned);
         let outcome = self.limiter.check(&checks).await;
         Ok(self.answer(req, &planned, &checks, &outcome))
+    }
+
+    fn decide_inner_now(&self, req: &Request) -> Option<Result<Answer, RequestError>> {
+        let sources = match self.sources(req) {
+            Ok(sources) => sources,
+            Err(e) => return Some(Err(e)),
+        };
+        let planned = plan(req, &sources);
+        let checks = checks_of(req, &planned);
+        let outcome = self.limiter.check_now(&checks)?;
+        Some(Ok(self.answer(req, &planned, &checks, &outcome)))
     }
 
     /// The answer to `req` from the outcome of its planned checks (their
