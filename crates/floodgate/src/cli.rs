@@ -208,6 +208,13 @@ pub(crate) struct BenchArgs {
     /// each request was due); without it, as fast as replies come.
     #[arg(long)]
     pub(crate) rate: Option<u64>,
+    /// Sending threads, each with its own single-threaded runtime and its
+    /// share of the connections and of the requests in flight.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// A request with no reply by then counts as an error.
+    #[arg(long, default_value = "10s")]
+    pub(crate) timeout: String,
     /// The domain sent.
     #[arg(long, default_value = "bench")]
     pub(crate) domain: String,

@@ -39,8 +39,43 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
         assert_eq!(v["errors"], 0, "{v}");
         assert_eq!(v["allowed"].as_u64().unwrap() + v["denied"].as_u64().unwrap(), requests);
         assert!(v["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+        assert!(v["generator_lag_ms"].is_null(), "closed loop has no schedule: {v}");
+    }
+    // Open loop on two sending threads: the schedule sets the count (200/s
+    // for as long as it ran, give or take the one due at the start and the
+    // pacer noticing the end), and the generator's own lag is reported.
+    for (protocol, server) in [("grpc", &s.grpc), ("json", &s.http)] {
+        let args = ["--duration", "1s", "--rate", "200", "--threads", "2", "--concurrency", "8", "--keys", "1000"];
+        let v = bench(server, protocol, &args);
+        assert_eq!(v["errors"], 0, "{v}");
+        assert_eq!(v["threads"], 2, "{v}");
+        let (requests, seconds) = (v["requests"].as_f64().unwrap(), v["seconds"].as_f64().unwrap());
+        assert!((requests - 200.0 * seconds).abs() <= 4.0, "{protocol}: {requests} requests at 200/s: {v}");
+        assert!(v["generator_lag_ms"]["max"].as_f64().unwrap() > 0.0, "{v}");
     }
     assert_eq!(s.terminate(), Some(0));
+}
+
+#[test]
+fn bench_exits_2_when_no_server_answers_and_64_on_bad_flags() {
+    let (_held, addr) = cli::refusing_addr();
+    for protocol in ["grpc", "json"] {
+        let (code, _, err) = run(&["bench", "--server", &addr, "--protocol", protocol, "--duration", "1s"]);
+        assert_eq!(code, Some(2), "{protocol}: {err}");
+        assert!(err.contains("cannot connect"), "{err}");
+    }
+    for (flag, value) in [
+        ("--threads", "0"),
+        ("--rate", "0"),
+        ("--timeout", "0s"),
+        ("--server", "https://h:1"),
+        ("--protocol", "udp"),
+        ("--distribution", "zipf:-1"),
+    ] {
+        let (code, _, err) = run(&["bench", "--server", &addr, flag, value]);
+        assert_eq!(code, Some(64), "{flag} {value}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
 }
 
 #[test]

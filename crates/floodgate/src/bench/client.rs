@@ -1,0 +1,300 @@
+//! The two protocols `floodgate bench` speaks, sent straight through
+//! hyper's connection handles on the sending thread's own runtime.
+//!
+//! gRPC: RLS `ShouldRateLimit` frames written by hand over HTTP/2
+//! connections (`hyper::client::conn::http2`). tonic's `Channel` would put a
+//! buffer task, and so a cross-task hop, in front of every request: on a
+//! two-core machine shared with the server under test, the generator's
+//! own CPU is part of what is measured, so it spends as little as it can.
+//! JSON: `POST /json` over a pool of HTTP/1.1 connections.
+
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http2::SendRequest;
+use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue, TE};
+use hyper::{Request, Uri};
+use hyper_util::client::legacy::Client as Pool;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prost::Message;
+use serde_json::json;
+
+use crate::exit::Failure;
+
+/// How long connecting may take before the run fails.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// What one request got back.
+pub(super) enum Outcome {
+    Allowed,
+    Denied,
+    Error(String),
+}
+
+/// Where and what to send: the server's `host:port` and the descriptor.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    /// `host:port`, from `--server` with any `http://` and path removed.
+    pub(super) authority: String,
+    pub(super) domain: String,
+    pub(super) key: String,
+}
+
+impl Target {
+    /// `--server` as `host:port` or `http://host:port[/]`.
+    pub(super) fn parse(server: &str, domain: &str, key: &str) -> Result<Target, Failure> {
+        let rest = server.strip_prefix("http://").unwrap_or(server);
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains(['/', '?', '#']) || server.contains("https://") {
+            return Err(Failure::usage(format!(
+                "--server `{server}`: give host:port (or http://host:port), e.g. 127.0.0.1:8081"
+            )));
+        }
+        if authority.parse::<hyper::http::uri::Authority>().is_err() {
+            return Err(Failure::usage(format!("--server `{server}`: `{authority}` is not a host:port")));
+        }
+        Ok(Target { authority: authority.to_owned(), domain: domain.to_owned(), key: key.to_owned() })
+    }
+
+    fn uri(&self, path: &str) -> Uri {
+        // Checked in `parse`: an authority and an absolute path make a URI.
+        Uri::builder()
+            .scheme("http")
+            .authority(self.authority.as_str())
+            .path_and_query(path)
+            .build()
+            .unwrap_or_default()
+    }
+}
+
+/// One sending thread's connections.
+pub(super) enum Client {
+    /// HTTP/2 connections; request `n` goes on connection `n % len`.
+    Grpc {
+        conns: Vec<H2>,
+        uri: Uri,
+    },
+    Json {
+        pool: Box<Pool<HttpConnector, Full<Bytes>>>,
+        uri: Uri,
+    },
+}
+
+impl Client {
+    /// Connect `connections` HTTP/2 connections (gRPC), or set up an
+    /// HTTP/1.1 pool of up to `in_flight` connections (JSON) — checked with
+    /// one connection now, so an unreachable server fails the run at once.
+    pub(super) async fn connect(
+        target: &Target,
+        json: bool,
+        connections: usize,
+        in_flight: usize,
+    ) -> Result<Client, Failure> {
+        if json {
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&target.authority))
+                .await
+                .map_err(|_| Failure::runtime(format!("cannot connect to {}: timed out", target.authority)))?
+                .map_err(|e| Failure::runtime(format!("cannot connect to {}: {e}", target.authority)))?;
+            let mut http = HttpConnector::new();
+            http.set_nodelay(true);
+            http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+            let pool = Pool::builder(TokioExecutor::new()).pool_max_idle_per_host(in_flight).build(http);
+            return Ok(Client::Json { pool: Box::new(pool), uri: target.uri("/json") });
+        }
+        let mut conns = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            let sender = handshake(&target.authority).await.map_err(Failure::runtime)?;
+            conns.push(H2 {
+                authority: target.authority.clone(),
+                sender: RefCell::new(Some(sender)),
+                reconnecting: Cell::new(false),
+            });
+        }
+        Ok(Client::Grpc { conns, uri: target.uri(RLS_PATH) })
+    }
+
+    /// Send request number `n` for descriptor value `value`.
+    pub(super) async fn send(&self, target: &Target, n: usize, value: String) -> Outcome {
+        match self {
+            Client::Grpc { conns, uri } => {
+                let Some(conn) = conns.get(n % conns.len().max(1)) else {
+                    return Outcome::Error("no connection".into());
+                };
+                match conn.call(uri, grpc_frame(target, value)).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => Outcome::Error(e),
+                }
+            }
+            Client::Json { pool, uri } => {
+                let body = json!({
+                    "domain": target.domain,
+                    "descriptors": [{"entries": [{"key": target.key, "value": value}]}],
+                })
+                .to_string();
+                let req = Request::post(uri.clone())
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body)));
+                let Ok(req) = req else { return Outcome::Error("cannot build the request".into()) };
+                match pool.request(req).await {
+                    Ok(resp) => {
+                        let status = resp.status();
+                        // Read the body so the connection can be reused.
+                        let _ = resp.into_body().collect().await;
+                        match status.as_u16() {
+                            200 => Outcome::Allowed,
+                            429 => Outcome::Denied,
+                            s => Outcome::Error(format!("HTTP {s}")),
+                        }
+                    }
+                    Err(e) => Outcome::Error(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+/// One HTTP/2 connection, made again by the first request that finds it
+/// closed (a server restarted under load); requests meanwhile fail fast.
+pub(super) struct H2 {
+    authority: String,
+    sender: RefCell<Option<SendRequest<Full<Bytes>>>>,
+    reconnecting: Cell<bool>,
+}
+
+impl H2 {
+    async fn call(&self, uri: &Uri, frame: Bytes) -> Result<Outcome, String> {
+        let live = self.sender.borrow().as_ref().filter(|s| !s.is_closed()).cloned();
+        let mut sender = match live {
+            Some(s) => s,
+            None => {
+                // One request at a time reconnects; the others fail fast
+                // until it is back.
+                if self.reconnecting.replace(true) {
+                    return Err(format!("connection to {} lost, reconnecting", self.authority));
+                }
+                let made = handshake(&self.authority).await;
+                self.reconnecting.set(false);
+                let s = made?;
+                *self.sender.borrow_mut() = Some(s.clone());
+                s
+            }
+        };
+        let req = Request::post(uri.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/grpc"))
+            .header(TE, HeaderValue::from_static("trailers"))
+            .body(Full::new(frame))
+            .map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let (head, body) = resp.into_parts();
+        if head.status != hyper::StatusCode::OK {
+            return Err(format!("HTTP {}", head.status));
+        }
+        let body = body.collect().await.map_err(|e| e.to_string())?;
+        // A trailers-only reply (an error) carries its status in the head.
+        let status = body.trailers().and_then(grpc_status).or_else(|| grpc_status(&head.headers));
+        let trailers = body.trailers().cloned().unwrap_or_default();
+        match status {
+            Some(0) => {}
+            Some(code) => {
+                let message = trailers
+                    .get("grpc-message")
+                    .or_else(|| head.headers.get("grpc-message"))
+                    .and_then(|m| m.to_str().ok())
+                    .unwrap_or("");
+                return Err(format!("gRPC status {code}: {message}"));
+            }
+            None => return Err("a reply without grpc-status".into()),
+        }
+        let bytes = body.to_bytes();
+        let message = match bytes.get(..5) {
+            Some(&[0, a, b, c, d]) => {
+                let len = u32::from_be_bytes([a, b, c, d]) as usize;
+                bytes.get(5..5 + len).ok_or("a truncated gRPC message")?
+            }
+            _ => return Err("a reply that is not one uncompressed gRPC message".into()),
+        };
+        let reply = RateLimitResponse::decode(message).map_err(|e| format!("a reply that does not decode: {e}"))?;
+        Ok(if reply.overall_code == Code::Ok as i32 { Outcome::Allowed } else { Outcome::Denied })
+    }
+}
+
+fn grpc_status(headers: &HeaderMap) -> Option<i32> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// One RLS request as a gRPC message: uncompressed flag, length, protobuf.
+fn grpc_frame(target: &Target, value: String) -> Bytes {
+    let req = RateLimitRequest {
+        domain: target.domain.clone(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry { key: target.key.clone(), value }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let len = req.encoded_len();
+    let mut buf = Vec::with_capacity(5 + len);
+    buf.push(0);
+    buf.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    // Encoding into a Vec cannot run out of room.
+    let _ = req.encode(&mut buf);
+    Bytes::from(buf)
+}
+
+/// An HTTP/2 connection to `authority`, its driver spawned on this thread.
+async fn handshake(authority: &str) -> Result<SendRequest<Full<Bytes>>, String> {
+    let connect = async {
+        let tcp = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok::<_, String>(sender)
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(sender)) => Ok(sender),
+        Ok(Err(e)) => Err(format!("cannot connect to {authority}: {e}")),
+        Err(_) => Err(format!("cannot connect to {authority}: timed out after {CONNECT_TIMEOUT:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_addresses() {
+        for ok in ["127.0.0.1:8081", "http://127.0.0.1:8081", "http://localhost:1/", "[::1]:80"] {
+            assert!(Target::parse(ok, "d", "k").is_ok(), "{ok}");
+        }
+        for bad in ["", "http://", "https://h:1", "h:1/path", "h:1?q", "a b:1"] {
+            assert!(Target::parse(bad, "d", "k").is_err(), "{bad}");
+        }
+        let t = Target::parse("http://h:9/", "d", "k").unwrap();
+        assert_eq!(t.uri(RLS_PATH).to_string(), format!("http://h:9{RLS_PATH}"));
+    }
+
+    #[test]
+    fn a_frame_is_one_uncompressed_message() {
+        let t = Target::parse("h:1", "bench", "user").unwrap();
+        let f = grpc_frame(&t, "42".into());
+        let len = u32::from_be_bytes([f[1], f[2], f[3], f[4]]) as usize;
+        assert_eq!((f[0], f.len()), (0, 5 + len));
+        let req = RateLimitRequest::decode(&f[5..]).unwrap();
+        assert_eq!((req.domain.as_str(), req.hits_addend), ("bench", 1));
+        assert_eq!(req.descriptors[0].entries[0].value, "42");
+    }
+}
