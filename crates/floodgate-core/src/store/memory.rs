@@ -30,9 +30,8 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use hashbrown::HashTable;
-
-use super::key::StoredKey;
+use super::key::{Probe, StoredKey};
+use super::table::Table;
 
 use super::Check;
 use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
@@ -72,7 +71,7 @@ pub struct MemoryStore<C = SystemClock> {
 struct Shard(Mutex<ShardInner>);
 
 struct ShardInner {
-    table: HashTable<Slot>,
+    table: Table<Slot>,
     /// Sweep expired keys when an insert finds the table this long...
     sweep_at_len: usize,
     /// ...or finds this second reached.
@@ -159,7 +158,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shards: (0..shards)
                 .map(|_| {
                     Shard(Mutex::new(ShardInner {
-                        table: HashTable::new(),
+                        table: Table::new(),
                         sweep_at_len: MIN_SWEEP_LEN,
                         sweep_at_s: 0,
                         swept_s: 0,
@@ -190,8 +189,9 @@ impl<C: Clock> MemoryStore<C> {
     #[inline]
     pub fn apply_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
+        let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
-        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(key)) {
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(&probe)) {
             if slot.fp != limit.fingerprint() {
                 slot.state = State::new();
                 slot.fp = limit.fingerprint();
@@ -206,7 +206,8 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(d);
         }
         self.make_room(&mut shard, seconds(now_us))?;
-        let slot = Slot { key: StoredKey::new(key), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+        let slot =
+            Slot { key: StoredKey::new(&probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
         shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_str()));
         Ok(d)
     }
@@ -216,8 +217,9 @@ impl<C: Clock> MemoryStore<C> {
     /// limit, has nothing to give back.
     pub fn refund_at(&self, key: &str, limit: &Limit, hits: u64, at_us: u64, now_us: u64) {
         let hash = self.hasher.hash_one(key);
+        let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
-        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(key))
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.matches(&probe))
             && slot.fp == limit.fingerprint()
         {
             limit.refund(&mut slot.state, at_us, now_us, hits);
@@ -287,7 +289,7 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .map(|s| {
                 let inner = s.0.lock().unwrap_or_else(PoisonError::into_inner);
-                inner.table.capacity() * (size_of::<Slot>() + 1)
+                inner.table.capacity() * size_of::<Option<Slot>>()
                     + inner.table.iter().map(|slot| slot.key.heap_bytes() + slot.state.heap_bytes()).sum::<usize>()
             })
             .sum()
@@ -295,9 +297,9 @@ impl<C: Clock> MemoryStore<C> {
 
     #[inline]
     fn lock(&self, hash: u64) -> MutexGuard<'_, ShardInner> {
-        // hashbrown probes with the low bits and filters with the top 7:
-        // pick the shard from bits in between so neither is constant within
-        // a shard (true for any table under 2^32 slots).
+        // The table probes from the low bits and long keys keep the top 32:
+        // pick the shard from bits in between so the probe start stays
+        // uniform within a shard (true for any table under 2^32 slots).
         let i = usize::try_from(hash >> 32).unwrap_or(0) & self.shard_mask;
         self.shards[i].0.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -319,7 +321,7 @@ impl<C: Clock> MemoryStore<C> {
         match self.on_full {
             OnFull::Refuse => Err(StoreError::Full { max_keys: self.max_keys }),
             OnFull::Evict => {
-                let evicted = evict_nearest_expiry(&mut shard.table, (max / 8).max(1), max);
+                let evicted = evict_nearest_expiry(&mut shard.table, (max / 8).max(1), max, &self.hasher);
                 self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 Ok(())
             }
@@ -372,10 +374,13 @@ impl<C> std::fmt::Debug for MemoryStore<C> {
 
 fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::RandomState) -> usize {
     let before = shard.table.len();
-    shard.table.retain(|s| s.expires_s > now_s);
+    let rehash = |s: &Slot| hasher.hash_one(s.key.as_str());
+    if shard.table.iter().any(|s| s.expires_s <= now_s) {
+        shard.table.retain(|s| s.expires_s > now_s, rehash);
+    }
     let len = shard.table.len();
     if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-        shard.table.shrink_to(2 * len, |s| hasher.hash_one(s.key.as_str()));
+        shard.table.shrink_to(2 * len, rehash);
     }
     shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
     shard.sweep_at_s = now_s.saturating_add(SWEEP_INTERVAL_S);
@@ -384,7 +389,12 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
 }
 
 /// Evict the slots closest to expiry until `free` slots are free below `max`.
-fn evict_nearest_expiry(table: &mut HashTable<Slot>, free: usize, max: usize) -> usize {
+fn evict_nearest_expiry(
+    table: &mut Table<Slot>,
+    free: usize,
+    max: usize,
+    hasher: &foldhash::fast::RandomState,
+) -> usize {
     let keep = max.saturating_sub(free);
     let excess = table.len().saturating_sub(keep);
     if excess == 0 {
@@ -393,16 +403,19 @@ fn evict_nearest_expiry(table: &mut HashTable<Slot>, free: usize, max: usize) ->
     let mut expiries: Vec<u32> = table.iter().map(|s| s.expires_s).collect();
     let (_, &mut cut, _) = expiries.select_nth_unstable(excess - 1);
     let mut ties = excess - expiries.iter().filter(|&&e| e < cut).count();
-    table.retain(|s| {
-        if s.expires_s < cut {
-            false
-        } else if s.expires_s == cut && ties > 0 {
-            ties -= 1;
-            false
-        } else {
-            true
-        }
-    });
+    table.retain(
+        |s| {
+            if s.expires_s < cut {
+                false
+            } else if s.expires_s == cut && ties > 0 {
+                ties -= 1;
+                false
+            } else {
+                true
+            }
+        },
+        |s| hasher.hash_one(s.key.as_str()),
+    );
     excess
 }
 
@@ -423,8 +436,10 @@ mod tests {
 
     #[test]
     fn a_slot_is_one_cache_line() {
-        // key 24 (inline up to 22 bytes) + state 32 + expiry 4 + fingerprint 4.
+        // key 24 (inline up to 22 bytes) + state 32 + expiry 4 + fingerprint 4;
+        // an empty slot is a niche of the key's tag, not another byte.
         assert_eq!(size_of::<Slot>(), 64);
+        assert_eq!(size_of::<Option<Slot>>(), 64);
         assert_eq!(size_of::<State>(), 32);
     }
 }

@@ -2,6 +2,7 @@
 
 mod key;
 pub mod memory;
+mod table;
 
 use std::future::Future;
 
