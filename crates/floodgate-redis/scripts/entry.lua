@@ -51,20 +51,29 @@ local function bad(why)
   return redis.error_reply('floodgate: ' .. why)
 end
 
--- Check the shape of the whole batch before changing anything.
+-- Check the shape of the whole batch before changing anything, and list
+-- its string-state keys (algorithms marked `string`) to read in one MGET.
 local a, k = 2, 0
+local fetch, listed = {}, {}
 while a <= #ARGV do
   local n = tonumber(ARGV[a + 1])
   if not n or n < 1 then return bad('bad check count ' .. tostring(ARGV[a + 1]) .. ' at ARGV[' .. (a + 1) .. ']') end
   for i = 0, n - 1 do
     local code = ARGV[a + 2 + 6 * i]
-    if not ALG[code] then return bad('unknown algorithm ' .. tostring(code) .. ' at ARGV[' .. (a + 2 + 6 * i) .. ']') end
+    local alg = ALG[code]
+    if not alg then return bad('unknown algorithm ' .. tostring(code) .. ' at ARGV[' .. (a + 2 + 6 * i) .. ']') end
+    local key = KEYS[k + i + 1]
+    if alg.string and key and not listed[key] then
+      listed[key] = true
+      fetch[#fetch + 1] = key
+    end
   end
   a, k = a + 2 + 6 * n, k + n
 end
 if a ~= #ARGV + 1 or k ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
 end
+prefetch(fetch)
 
 -- Check i of the request whose arguments start at a: its values (no table
 -- per check: this runs for every decision).

@@ -5,7 +5,7 @@
 -- refund(key, limit, window, _, hits, at, now): give back hits admitted at
 --   `at`, if its window is still the current one.
 
-ALG.fw = {}
+ALG.fw = { string = true }
 
 function ALG.fw.apply(key, l, w, _, hits, now)
   local s = numbers(key, 2)

@@ -11,8 +11,8 @@
 -- refund(key, limit, window, burst, hits, at, now): move tat back by what
 --   the hits cost, less the time elapsed since `at`.
 
-ALG.gc = {}
-ALG.sh = {}
+ALG.gc = { string = true }
+ALG.sh = { string = true }
 
 -- (a + b), pairs with remainders below l.
 local function tadd(au, ar, bu, br, l)

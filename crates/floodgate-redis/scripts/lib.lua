@@ -67,36 +67,63 @@ end
 local TTL_SLACK_MS = 2
 
 -- String states (fixed_window, sliding_window, gcra) are read and written
--- through a per-call cache: a key is read with one GET the first time the
--- call needs it and written with one SET when the call ends (flush, called
--- by entry.lua), however many of the batch's requests decide on it. A hot
--- key then costs two Redis commands per call, not two per request; the
--- answers are the same, as each request sees the state the ones before it
--- left.
+-- through a per-call cache: every string-state key of the call is read
+-- with one MGET before the first decision (prefetch, called by entry.lua),
+-- and a key is written with one SET when the call ends (flush, called by
+-- entry.lua), however many of the batch's requests decide on it. A batch
+-- of n requests on n keys then costs one MGET and n SETs, and on one hot
+-- key one MGET and one SET; the answers are the same, as each request sees
+-- the state the ones before it left.
 --
--- cached[key]: the parsed numbers, or false for a missing (or malformed)
--- state; written[key]: the expiry in ms of a state to SET; order: the keys
--- written, in order.
-local cached, written, order = {}, {}, {}
+-- raw[key]: the string MGET read (false when missing), parsed on first
+-- use; cached[key]: the parsed numbers, or false for a missing (or
+-- malformed) state; written[key]: the expiry in ms of a state to SET;
+-- order: the keys written, in order.
+local raw, cached, written, order = {}, {}, {}, {}
+
+-- Read the states of `keys` (a list without repeats) for numbers(), in
+-- chunks so no call passes Lua's limit on unpacked values.
+local function prefetch(keys)
+  local chunk = 512
+  for from = 1, #keys, chunk do
+    local to = math.min(from + chunk - 1, #keys)
+    local values = redis.call('MGET', unpack(keys, from, to))
+    for i = from, to do
+      raw[keys[i]] = values[i - from + 1]
+    end
+  end
+end
 
 -- Keep a string state of the numbers a, b (and c) for `ttl_us`
 -- microseconds (rounded down to whole milliseconds, plus the slack). A
 -- state whose wait is over is kept for the slack too, not deleted: after a
--- clock step back it still counts.
+-- clock step back it still counts. The cached table is updated in place:
+-- callers read the numbers out of it before they put.
 local function put(key, ttl_us, a, b, c)
-  cached[key] = { a, b, c }
+  local s = cached[key]
+  if s then
+    s[1], s[2], s[3] = a, b, c
+  else
+    cached[key] = { a, b, c }
+  end
   if not written[key] then order[#order + 1] = key end
   written[key] = math.floor(math.max(ttl_us, 0) / 1000) + TTL_SLACK_MS
 end
 
--- Write every state put in this call.
+-- Write every state put in this call. The expiry goes as a number (Redis
+-- prints an integer below 2^53 exactly; it is at most a year in ms); the
+-- state's numbers may reach 2^53 and go through '%.0f', one format per key.
 local function flush()
   for i = 1, #order do
     local key = order[i]
     local s = cached[key]
-    local v = int(s[1]) .. ' ' .. int(s[2])
-    if s[3] then v = v .. ' ' .. int(s[3]) end
-    redis.call('SET', key, v, 'PX', int(written[key]))
+    local v
+    if s[3] then
+      v = string.format('%.0f %.0f %.0f', s[1], s[2], s[3])
+    else
+      v = string.format('%.0f %.0f', s[1], s[2])
+    end
+    redis.call('SET', key, v, 'PX', written[key])
   end
 end
 
@@ -113,7 +140,8 @@ local function numbers(key, n)
   local s = cached[key]
   if s == nil then
     s = false
-    local v = redis.call('GET', key)
+    local v = raw[key]
+    if v == nil then v = redis.call('GET', key) end
     if v then
       if n == 2 then
         local a, b = string.match(v, '^(%d+) (%d+)$')

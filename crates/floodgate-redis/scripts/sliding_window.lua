@@ -9,7 +9,7 @@
 -- refund(key, limit, window, _, hits, at, now): give back hits admitted at
 --   `at` from the current count, or the previous one if the window moved on.
 
-ALG.sw = {}
+ALG.sw = { string = true }
 
 local function sw_load(key, w, now)
   local s = numbers(key, 3)

@@ -281,3 +281,36 @@ fn a_slot_migrating_under_load_keeps_the_count_exact() {
     eprintln!("slot move under load: {admitted} admitted, {failed} failed");
     assert_eq!(10_000 - left, admitted, "{failed} calls failed during the move");
 }
+
+/// The script reads every string state of a batch with one MGET and
+/// writes each key once: a batch of 5 requests on keys a, b, a, c plus one
+/// sliding-log key (a hash, read by its own algorithm) costs one MGET, no
+/// GET, and one SET per string key; the hot key's second request sees the
+/// first's count.
+#[test]
+fn a_batch_reads_its_string_states_in_one_mget_and_writes_each_once() {
+    let server = RedisServer::start();
+    let sha = server.cli(&["SCRIPT", "LOAD", floodgate_redis::script::SOURCE.as_str()]);
+    let sha = sha.trim();
+    let now = "1763000000000000";
+    let fw = ["fw", "10", "60000000", "0", "1", "1"];
+    let sl = ["sl", "10", "60000000", "0", "1", "1"];
+    let mut args = vec!["EVALSHA", sha, "5", "a", "b", "a", "c", "log", "apply"];
+    for check in [&fw, &fw, &fw, &fw, &sl] {
+        args.extend([now, "1"]);
+        args.extend(check.iter().copied());
+    }
+    let reply = server.cli(&args);
+    let numbers: Vec<i64> = reply.lines().map(|l| l.trim().parse().unwrap()).collect();
+    // Per request: now, denied, then allowed, remaining, reset, retry, delay.
+    let remaining: Vec<i64> = (0..5).map(|r| numbers[r * 7 + 3]).collect();
+    assert_eq!(remaining, [9, 9, 8, 9, 9], "{reply}");
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let calls = |cmd: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+    };
+    assert_eq!((calls("mget"), calls("get"), calls("set")), (1, 0, 3), "{stats}");
+}

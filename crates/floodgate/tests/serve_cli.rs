@@ -39,7 +39,7 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
         assert_eq!(v["errors"], 0, "{v}");
         assert_eq!(v["allowed"].as_u64().unwrap() + v["denied"].as_u64().unwrap(), requests);
         assert!(v["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
-        assert!(v["generator_lag_ms"].is_null(), "closed loop has no schedule: {v}");
+        assert!(v["generator_lag_ms"].is_null() && v["service_latency_ms"].is_null(), "no schedule: {v}");
     }
     // Open loop on two sending threads: the schedule sets the count (200/s
     // for as long as it ran, give or take the one due at the start and the
@@ -52,6 +52,9 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
         let (requests, seconds) = (v["requests"].as_f64().unwrap(), v["seconds"].as_f64().unwrap());
         assert!((requests - 200.0 * seconds).abs() <= 4.0, "{protocol}: {requests} requests at 200/s: {v}");
         assert!(v["generator_lag_ms"]["max"].as_f64().unwrap() > 0.0, "{v}");
+        let (service, due) = (&v["service_latency_ms"], &v["latency_ms"]);
+        assert!(service["p50"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(service["max"].as_f64().unwrap() <= due["max"].as_f64().unwrap() + 0.01, "{v}");
     }
     assert_eq!(s.terminate(), Some(0));
 }

@@ -177,16 +177,21 @@ struct Measured {
     /// How late each request reached its sending thread after it was due,
     /// before any wait for a free slot (open loop).
     lag: Histogram<u64>,
+    /// From when each request went out to its reply (open loop): the
+    /// server and the network alone, without the generator's lag or any
+    /// wait for a free slot.
+    service: Histogram<u64>,
 }
 
 impl Measured {
     fn new() -> Self {
-        Measured { latency: histogram(), lag: histogram() }
+        Measured { latency: histogram(), lag: histogram(), service: histogram() }
     }
 
     fn add(&mut self, other: &Measured) {
         let _ = self.latency.add(&other.latency);
         let _ = self.lag.add(&other.lag);
+        let _ = self.service.add(&other.service);
     }
 }
 
@@ -430,6 +435,9 @@ impl Sender {
         let reply = tokio::time::timeout(self.plan.timeout, self.client.send(&self.plan.target, n, value)).await;
         let outcome = reply.unwrap_or_else(|_| Outcome::Error(format!("no reply within {:?}", self.plan.timeout)));
         let failed = matches!(outcome, Outcome::Error(_));
+        if due.is_some() && self.shared.measuring.load(Relaxed) {
+            self.measured.borrow_mut().service.saturating_record(nanos(sent.elapsed()));
+        }
         self.record(due.unwrap_or(sent), outcome);
         failed
     }
@@ -526,13 +534,22 @@ impl Report {
             if self.open_loop { " (from when due)" } else { "" }
         );
         if self.open_loop {
-            let lag = &self.measured.lag;
+            let (lag, service) = (&self.measured.lag, &self.measured.service);
             let _ = writeln!(
                 out,
                 "gen. lag   p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms (how late the generator got to a request; included above)",
                 ms(lag, 0.5),
                 ms(lag, 0.99),
                 max_ms(lag)
+            );
+            let _ = writeln!(
+                out,
+                "service    p50 {:.3} ms   p90 {:.3} ms   p99 {:.3} ms   p99.9 {:.3} ms   max {:.3} ms (from when sent)",
+                ms(service, 0.5),
+                ms(service, 0.9),
+                ms(service, 0.99),
+                ms(service, 0.999),
+                max_ms(service)
             );
         }
         if let Some(e) = &self.first_error {
@@ -542,7 +559,7 @@ impl Report {
     }
 
     fn to_json(&self, args: &BenchArgs, plan: &Plan) -> serde_json::Value {
-        let (h, lag) = (&self.measured.latency, &self.measured.lag);
+        let (h, lag, service) = (&self.measured.latency, &self.measured.lag, &self.measured.service);
         json!({
             "protocol": args.protocol,
             "server": args.server,
@@ -563,6 +580,10 @@ impl Report {
             },
             "generator_lag_ms": self.open_loop.then(|| json!({
                 "p50": ms(lag, 0.5), "p99": ms(lag, 0.99), "max": max_ms(lag),
+            })),
+            "service_latency_ms": self.open_loop.then(|| json!({
+                "p50": ms(service, 0.5), "p90": ms(service, 0.9), "p99": ms(service, 0.99),
+                "p99.9": ms(service, 0.999), "max": max_ms(service),
             })),
             "first_error": self.first_error,
         })
