@@ -14,6 +14,7 @@
 use crate::math::sat64;
 use crate::{Decision, Limit, State};
 
+#[inline(always)]
 pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool) -> Decision {
     let l = limit.limit();
     let w = limit.window_us();

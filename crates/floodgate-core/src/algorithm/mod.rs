@@ -36,7 +36,7 @@ impl Limit {
     /// assert!(!denied.allowed);
     /// assert_eq!(denied.retry_after, Some(Duration::from_millis(750)));
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn apply(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
         if self.limit() == 0 {
             // Envoy's `requests_per_unit: 0`: deny every hit, no wait helps.

@@ -197,7 +197,10 @@ impl<C: Clock> MemoryStore<C> {
                 slot.fp = limit.fingerprint();
             }
             let d = limit.apply(&mut slot.state, now_us, hits);
-            slot.expires_s = expiry_s(now_us, &d);
+            // A denial or a peek leaves the state, and so its expiry, as it was.
+            if d.allowed && hits > 0 {
+                slot.expires_s = expiry_s(now_us, &d);
+            }
             return Ok(d);
         }
         let mut state = State::new();
@@ -424,15 +427,32 @@ fn seconds(us: u64) -> u32 {
     u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
 }
 
+/// The second (rounded up) at which the state `d` left is empty again:
+/// `ceil((now + reset) / 1 s)`, as whole seconds of the reset plus the
+/// rest, without a round trip of the reset through 128-bit microseconds.
 #[inline]
 fn expiry_s(now_us: u64, d: &Decision) -> u32 {
-    let at = now_us.saturating_add(d.reset_after_us());
-    u32::try_from(at.div_ceil(1_000_000)).unwrap_or(u32::MAX)
+    let rest = now_us.saturating_add(u64::from(d.reset_after.subsec_micros()));
+    let at = d.reset_after.as_secs().saturating_add(rest.div_ceil(1_000_000));
+    u32::try_from(at).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expiry_is_the_reset_rounded_up_to_a_second() {
+        let at = |now_us: u64, reset_us: u64| {
+            let d = Decision { reset_after: std::time::Duration::from_micros(reset_us), ..Decision::default() };
+            expiry_s(now_us, &d)
+        };
+        for (now, reset) in [(0, 0), (1, 0), (999_999, 1), (1_000_000, 0), (1_500_000, 2_500_000), (7, 86_400_000_000)]
+        {
+            assert_eq!(u64::from(at(now, reset)), (now + reset).div_ceil(1_000_000), "{now} + {reset}");
+        }
+        assert_eq!(at(u64::MAX, 1), u32::MAX);
+    }
 
     #[test]
     fn a_slot_is_one_cache_line() {
