@@ -96,7 +96,9 @@ impl<C: Clock + ?Sized> Clock for &C {
 
 /// Whole microseconds in `d`, saturating.
 pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+    // Whole seconds and sub-second micros: no 128-bit arithmetic (this runs
+    // on every decision's clock read).
+    d.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(d.subsec_micros()))
 }
 
 #[cfg(test)]
@@ -111,5 +113,15 @@ mod tests {
         assert!(b >= a);
         // After 2020-01-01 and before 2200.
         assert!(a > 1_577_836_800_000_000 && a < 7_258_118_400_000_000);
+    }
+
+    #[test]
+    fn micros_round_down_and_saturate() {
+        assert_eq!(micros(Duration::new(5, 999)), 5_000_000);
+        assert_eq!(micros(Duration::new(5, 1_999)), 5_000_001);
+        assert_eq!(micros(Duration::new(0, 999_999_999)), 999_999);
+        assert_eq!(micros(Duration::from_secs(u64::MAX / 1_000_000)), u64::MAX / 1_000_000 * 1_000_000);
+        assert_eq!(micros(Duration::MAX), u64::MAX);
+        assert_eq!(micros(Duration::new(u64::MAX / 1_000_000, 999_999_999)), u64::MAX);
     }
 }

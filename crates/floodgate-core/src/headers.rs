@@ -186,17 +186,31 @@ impl fmt::Display for Value<'_> {
     }
 }
 
-/// `n` in decimal.
+/// "00" to "99": two digits per division.
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// `n` in decimal, two digits at a time (a response carries up to five
+/// numbers, written on every request).
 fn write_u64(mut n: u64, out: &mut Vec<u8>) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = 2 * (n % 100) as usize;
+        n /= 100;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = 2 * n as usize;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[i] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[i..]);
 }
@@ -222,6 +236,22 @@ fn write_sf_string(s: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_written_as_decimal_at_every_length() {
+        let mut n = 1u64;
+        let mut cases = vec![0, u64::MAX, u64::MAX - 1];
+        while let Some(next) = n.checked_mul(10) {
+            cases.extend([n - 1, n, n + 1, n * 5 + 3]);
+            n = next;
+        }
+        cases.extend([n - 1, n, n + 1]);
+        for n in cases {
+            let mut out = vec![b'x'];
+            write_u64(n, &mut out);
+            assert_eq!(out, format!("x{n}").into_bytes(), "{n}");
+        }
+    }
 
     #[test]
     fn denial_headers_round_up_and_quote() {

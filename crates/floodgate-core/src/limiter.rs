@@ -259,7 +259,7 @@ impl<S: Store> Limiter<S> {
 
     /// The verdict of a check with a limit from the store's result: a store
     /// failure goes to the rule's failure policy.
-    fn verdict(&self, c: &RuleCheck<'_>, result: Result<Decision, StoreError>) -> Verdict {
+    pub fn verdict(&self, c: &RuleCheck<'_>, result: Result<Decision, StoreError>) -> Verdict {
         let shadow = c.rule.shadow_mode;
         match result {
             Ok(d) => Verdict { decision: Some(d), shadow, failure: None },

@@ -104,7 +104,7 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
                 .map(|r| {
                     json!({
                         "descriptor": r.stats_key,
-                        "name": r.name,
+                        "name": r.name.as_deref(),
                         "unlimited": r.limit.is_none(),
                         "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
                         "limit": r.limit.as_ref().map(|l| l.limit()),
@@ -206,7 +206,7 @@ async fn counters<S: Backend>(
                 .map(|(key, info, d)| {
                     json!({
                         "counter_key": key,
-                        "name": info.name,
+                        "name": info.name.as_deref(),
                         "algorithm": info.algorithm,
                         "limit": info.requests_per_unit,
                         "window_ms": info.window.as_millis(),

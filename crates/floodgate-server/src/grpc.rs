@@ -111,7 +111,7 @@ pub fn to_proto(a: &Answer, mode: HeaderMode) -> RateLimitResponse {
             let mut status = DescriptorStatus { code: code as i32, ..Default::default() };
             if let (Some(info), Some(d)) = (&s.limit, &s.decision) {
                 let name = match (&info.name, info.unit) {
-                    (Some(n), _) => n.clone(),
+                    (Some(n), _) => n.to_string(),
                     (None, Some(_)) => String::new(),
                     (None, None) => crate::json::duration_text(info.window),
                 };

@@ -288,7 +288,7 @@ pub fn check_response(a: &Answer, mode: HeaderMode) -> Value {
             (Some(info), Some(d)) => json!({
                 "allowed": !s.over_limit,
                 "limited": true,
-                "name": info.name,
+                "name": info.name.as_deref(),
                 "algorithm": info.algorithm,
                 "limit": info.requests_per_unit,
                 "window_ms": ms(info.window),

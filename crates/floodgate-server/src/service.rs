@@ -88,7 +88,7 @@ pub struct DescriptorStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitInfo {
     /// The rule's `name`, if any.
-    pub name: Option<String>,
+    pub name: Option<std::sync::Arc<str>>,
     /// Requests per window.
     pub requests_per_unit: u64,
     /// The window, when it is exactly one of envoy's units.

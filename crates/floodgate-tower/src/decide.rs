@@ -12,7 +12,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
 use floodgate_core::rules::{Rule, RuleSet};
-use floodgate_core::{Decision, Limit, MemoryStore, Store};
+use floodgate_core::{Decision, Limit, MemoryStore, Store, StoreError};
 use http::HeaderName;
 
 use crate::descriptors::{self, DescriptorError, RequestFacts};
@@ -34,8 +34,8 @@ pub struct Answer {
 /// The limit the rate-limit headers describe, and its decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Headline {
-    /// The rule's `name`.
-    pub name: Option<String>,
+    /// The rule's `name` (shared with the rule: no copy per answer).
+    pub name: Option<Arc<str>>,
     /// Requests per window.
     pub requests_per_unit: u64,
     /// The window.
@@ -222,18 +222,26 @@ impl Key {
     }
 
     /// The key of a request, written into `buf` when it must be formatted
-    /// (an IP address: no allocation).
+    /// (an IP address: no allocation), as bytes: a store that keys by bytes
+    /// takes them without a UTF-8 check ([`Store::apply_bytes_now`]); others
+    /// get [`key_text`].
     fn of<'a>(
         &self,
         facts: &'a RequestFacts<'_>,
         buf: &'a mut [u8; 48],
-    ) -> Result<Option<Cow<'a, str>>, DescriptorError> {
+    ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
         Ok(match self {
             Key::ClientIp => Some(Cow::Borrowed(ip_text(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))),
-            Key::Header(h) => facts.headers.get(h).map(|v| String::from_utf8_lossy(v.as_bytes())),
-            Key::Custom(f) => f(facts).map(Cow::Owned),
+            Key::Header(h) => facts.headers.get(h).map(|v| Cow::Borrowed(v.as_bytes())),
+            Key::Custom(f) => f(facts).map(|k| Cow::Owned(k.into_bytes())),
         })
     }
+}
+
+/// A key as text, for stores keyed by text: an IP address or a custom key as
+/// it is, a header value that is not UTF-8 with its bad bytes replaced.
+fn key_text(key: &[u8]) -> Cow<'_, str> {
+    String::from_utf8_lossy(key)
 }
 
 /// The decimal text of each octet (up to 3 digits) and its length.
@@ -257,7 +265,7 @@ const OCTETS: [([u8; 4], u8); 256] = {
 /// `ip` as text in `buf` (an IPv6 address is at most 45 bytes). IPv4, the
 /// common case, is written from a table, four bytes per octet (the spare
 /// ones overwritten by the next): `Display` costs a tenth of a request.
-fn ip_text(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &str {
+fn ip_text(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &[u8] {
     let len = match ip {
         std::net::IpAddr::V4(v4) => {
             let mut n = 0;
@@ -275,7 +283,7 @@ fn ip_text(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &str {
             48 - w.len()
         }
     };
-    std::str::from_utf8(&buf[..len]).unwrap_or_default()
+    &buf[..len]
 }
 
 /// One limit, one counter per key: the simplest decider.
@@ -314,7 +322,7 @@ impl<S: Store> KeyedLimit<S> {
     /// Name the limit (the IETF headers' policy name).
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.rule.name = Some(name.into());
+        self.rule.name = Some(Arc::from(name.into()));
         self
     }
 
@@ -324,17 +332,46 @@ impl<S: Store> KeyedLimit<S> {
     }
 }
 
+impl<S: Store> KeyedLimit<S> {
+    /// The answer of the limit's decision for `key`. A store failure goes to
+    /// the limiter's failure policy (open); a decision is answered directly
+    /// (one limit: no verdicts to weigh).
+    fn answer(&self, key: &[u8], result: Result<Decision, StoreError>) -> Answer {
+        let (Ok(decision), Some(limit)) = (&result, &self.rule.limit) else {
+            let key = key_text(key);
+            let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
+            return answer_of_one(&check, &self.limiter.verdict(&check, result));
+        };
+        let d = *decision;
+        Answer {
+            allowed: d.allowed,
+            retry_after: if d.allowed { None } else { d.retry_after },
+            delay: if d.allowed { d.delay } else { Duration::ZERO },
+            headline: Some(Headline {
+                name: self.rule.name.clone(),
+                requests_per_unit: limit.limit(),
+                window: limit.window(),
+                decision: d,
+            }),
+        }
+    }
+
+    fn limit(&self) -> &Limit {
+        self.rule.limit.as_ref().expect("a KeyedLimit's rule has its limit")
+    }
+}
+
 impl<S: Store + 'static> Decide for KeyedLimit<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
         let mut buf = [0u8; 48];
         let Some(key) = self.key.of(facts, &mut buf)? else { return Ok(Answer::unlimited()) };
-        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
-        let verdict = self.limiter.check_one(&check).await;
-        Ok(answer_of_one(&check, &verdict))
+        let result = self.limiter.store().apply(&key_text(&key), self.limit(), 1).await;
+        Ok(self.answer(&key, result))
     }
 
     fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
-        if !self.limiter.store().answers_now() {
+        let store = self.limiter.store();
+        if !store.answers_now() {
             return None;
         }
         let mut buf = [0u8; 48];
@@ -343,9 +380,8 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
             Ok(None) => return Some(Ok(Answer::unlimited())),
             Err(e) => return Some(Err(e.into())),
         };
-        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
-        let verdict = self.limiter.check_one_now(&check)?;
-        Some(Ok(answer_of_one(&check, &verdict)))
+        let result = store.apply_bytes_now(&key, self.limit(), 1)?;
+        Some(Ok(self.answer(&key, result)))
     }
 }
 
@@ -359,14 +395,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn header_keys_are_their_bytes_in_the_memory_store() {
+        let limit = Limit::new(floodgate_core::Algorithm::FixedWindow, 1, Duration::from_secs(3600)).unwrap();
+        let decider = KeyedLimit::new(limit, Key::Header(HeaderName::from_static("x-user")), MemoryStore::new());
+        let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
+        let allowed = |value: &[u8]| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("x-user", http::HeaderValue::from_bytes(value).unwrap());
+            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+            decider.decide_now(&facts).expect("the memory store answers at once").unwrap().allowed
+        };
+        assert!(allowed(b"alice"));
+        assert!(!allowed(b"alice"));
+        // Two values that are not UTF-8 and would read alike as lossy text
+        // are two clients, not one.
+        assert!(allowed(b"\xff"));
+        assert!(allowed(b"\xfe"));
+        assert!(!allowed(b"\xff"));
+        // The key is the header's text: the same counter as the store's.
+        let limit = decider.limit().clone();
+        assert!(!decider.store().apply_sync("alice", &limit, 1).unwrap().allowed);
+    }
+
+    #[test]
     fn ip_text_matches_display() {
         let mut buf = [0u8; 48];
         for ip in ["0.0.0.0", "10.0.0.1", "192.168.100.255", "1.22.3.44", "::1", "2001:db8::ffff:1:2", "::ffff:1.2.3.4"]
         {
             let ip: std::net::IpAddr = ip.parse().unwrap();
-            assert_eq!(ip_text(ip, &mut buf), ip.to_string());
+            assert_eq!(ip_text(ip, &mut buf), ip.to_string().as_bytes());
         }
         let long: std::net::IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".parse().unwrap();
-        assert_eq!(ip_text(long, &mut buf), long.to_string());
+        assert_eq!(ip_text(long, &mut buf), long.to_string().as_bytes());
     }
 }

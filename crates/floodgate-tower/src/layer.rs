@@ -213,7 +213,7 @@ where
         };
         let mut headers = None;
         // Each arm builds the future in place: the inner future is not moved.
-        match next(&result, is_grpc(&req), &mut headers, mode) {
+        match next(&result, req.headers(), &mut headers, mode) {
             Next::Forward => ResponseFuture { state: State::Calling { fut: self.inner.call(req) }, headers, mode },
             Next::Answered(resp) => ResponseFuture { state: State::Answered { resp: Some(resp) }, headers, mode },
             Next::Hold(delay) => {
@@ -246,25 +246,27 @@ enum Next<ResB> {
     Forward,
 }
 
-/// Where a decision sends its request (`grpc`: a gRPC call, answered in
-/// gRPC's terms); the headers of a forwarded request go to `slot` (when there
-/// are any), for the inner response.
+/// Where a decision sends its request (with `request_headers`: a gRPC call
+/// is answered in gRPC's terms); the headers of a forwarded request go to
+/// `slot` (when there are any), for the inner response.
 fn next<ResB>(
     result: &Result<Answer, DecideError>,
-    grpc: bool,
+    request_headers: &http::HeaderMap,
     slot: &mut Option<AnswerHeaders>,
     mode: HeaderMode,
 ) -> Next<ResB> {
+    // Only a request answered here needs to know (not the common one).
+    let grpc = || is_grpc(request_headers);
     let answer = match result {
         Ok(a) => a,
-        Err(e) if grpc => {
+        Err(e) if grpc() => {
             let code = if e.status.is_client_error() { GRPC_INVALID_ARGUMENT } else { GRPC_INTERNAL };
             return Next::Answered(grpc_response(code, &e.message));
         }
         Err(e) => return Next::Answered(local_response(e.status, format!("{e}\n"))),
     };
     if !answer.allowed {
-        if grpc {
+        if grpc() {
             let mut resp = grpc_rejection(answer);
             AnswerHeaders::of(answer, mode).insert_into(resp.headers_mut());
             return Next::Answered(resp);
@@ -394,7 +396,7 @@ where
                 StateProj::Deciding { decision, inner, holds } => {
                     let (req, result) = std::task::ready!(decision.as_mut().poll(cx));
                     let mut inner = inner.take().expect(POLLED_AFTER_DONE);
-                    match next(&result, is_grpc(&req), this.headers, *this.mode) {
+                    match next(&result, req.headers(), this.headers, *this.mode) {
                         Next::Answered(resp) => State::Answered { resp: Some(resp) },
                         Next::Hold(delay) => match HeldSlot::take(holds) {
                             Some(slot) => State::holding(delay, slot, inner, req),
@@ -564,9 +566,10 @@ const GRPC_INVALID_ARGUMENT: u8 = 3;
 const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 const GRPC_INTERNAL: u8 = 13;
 
-/// Whether `req` is a gRPC call (`content-type: application/grpc...`).
-fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// Whether a request with these headers is a gRPC call (`content-type:
+/// application/grpc...`).
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The answer to a denied gRPC call: `RESOURCE_EXHAUSTED`, as gRPC clients
@@ -688,10 +691,10 @@ mod tests {
     #[test]
     fn only_grpc_content_types_are_grpc() {
         let req = |ct: &str| Request::builder().header(CONTENT_TYPE, ct).body(()).unwrap();
-        assert!(is_grpc(&req("application/grpc")));
-        assert!(is_grpc(&req("application/grpc+proto")));
-        assert!(!is_grpc(&req("application/json")));
-        assert!(!is_grpc(&Request::new(())));
+        assert!(is_grpc(req("application/grpc").headers()));
+        assert!(is_grpc(req("application/grpc+proto").headers()));
+        assert!(!is_grpc(req("application/json").headers()));
+        assert!(!is_grpc(Request::new(()).headers()));
     }
 
     #[test]
@@ -719,7 +722,7 @@ mod tests {
         for mode in [HeaderMode::None, HeaderMode::XRateLimit, HeaderMode::Ietf, HeaderMode::Both] {
             let mut slot = None;
             let Next::Answered(resp) =
-                next::<http_body_util::Empty<Bytes>>(&Ok(answer.clone()), false, &mut slot, mode)
+                next::<http_body_util::Empty<Bytes>>(&Ok(answer.clone()), &http::HeaderMap::new(), &mut slot, mode)
             else {
                 panic!("a denial is answered here")
             };
@@ -746,7 +749,7 @@ mod tests {
         }
         let too_big = Answer { retry_after: None, headline: None, ..answer };
         let Next::Answered(resp) =
-            next::<http_body_util::Empty<Bytes>>(&Ok(too_big), false, &mut None, HeaderMode::Both)
+            next::<http_body_util::Empty<Bytes>>(&Ok(too_big), &http::HeaderMap::new(), &mut None, HeaderMode::Both)
         else {
             panic!("a denial is answered here")
         };

@@ -103,8 +103,8 @@ pub struct Source {
 /// `rate_limits`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
-    /// `name`, used by `replaces`.
-    pub name: Option<String>,
+    /// `name`, used by `replaces` (shared: answers carry it without a copy).
+    pub name: Option<std::sync::Arc<str>>,
     /// The limit; `None` for `unlimited: true`.
     pub limit: Option<Limit>,
     /// The envoy unit when the window is exactly one (for RLS responses).

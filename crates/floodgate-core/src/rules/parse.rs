@@ -663,7 +663,7 @@ impl<'a> FileParser<'a> {
             (Some(limit), local)
         };
         (self.errors.len() == before).then(|| Rule {
-            name: f.name,
+            name: f.name.map(std::sync::Arc::from),
             unit: limit.as_ref().and_then(|l| Unit::of_window(l.window())),
             limit,
             replaces: f.replaces,

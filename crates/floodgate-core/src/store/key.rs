@@ -12,7 +12,7 @@ const INLINE: usize = 22;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StoredKey {
     Inline { len: u8, bytes: [u8; INLINE] },
-    Heap { tag: u32, key: Box<str> },
+    Heap { tag: u32, key: Box<[u8]> },
 }
 
 /// A looked-up key, classified once before probing. A short key is compared
@@ -23,14 +23,14 @@ pub(crate) enum StoredKey {
 /// as a padded copy). A long key is compared by its hash tag first.
 pub(crate) enum Probe<'a> {
     Inline(&'a [u8]),
-    Heap { tag: u32, key: &'a str },
+    Heap { tag: u32, key: &'a [u8] },
 }
 
 impl<'a> Probe<'a> {
     /// `key`, whose hash is `hash`.
     #[inline]
-    pub(crate) fn new(key: &'a str, hash: u64) -> Self {
-        if key.len() <= INLINE { Probe::Inline(key.as_bytes()) } else { Probe::Heap { tag: tag(hash), key } }
+    pub(crate) fn new(key: &'a [u8], hash: u64) -> Self {
+        if key.len() <= INLINE { Probe::Inline(key) } else { Probe::Heap { tag: tag(hash), key } }
     }
 }
 
@@ -78,14 +78,6 @@ impl StoredKey {
     pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Self::Heap { key, .. } => key.as_bytes(),
-        }
-    }
-
-    /// The key as text (it was made from a `&str`, so it is valid UTF-8).
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            Self::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
             Self::Heap { key, .. } => key,
         }
     }
@@ -97,7 +89,7 @@ impl StoredKey {
             (Self::Inline { len, bytes }, Probe::Inline(key)) => {
                 usize::from(*len) == key.len() && bytes.get(..key.len()).is_some_and(|b| same_short(b, key))
             }
-            (Self::Heap { tag: t, key: k }, Probe::Heap { tag, key }) => t == tag && k.as_bytes() == key.as_bytes(),
+            (Self::Heap { tag: t, key: k }, Probe::Heap { tag, key }) => t == tag && **k == **key,
             _ => false,
         }
     }
@@ -119,21 +111,21 @@ mod tests {
     fn short_keys_are_inline_and_long_ones_on_the_heap() {
         assert_eq!(size_of::<StoredKey>(), 24);
         let hash = |k: &str| k.bytes().fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)) << 3);
-        let probe = |k: &'static str| Probe::new(k, hash(k));
+        let probe = |k: &'static str| Probe::new(k.as_bytes(), hash(k));
         for key in ["", "a", "ip:10.255.255.255", "0123456789012345678901", "01234567890123456789012", "é✓x"] {
             let k = StoredKey::new(&probe(key));
             assert!(k.matches(&probe(key)));
-            assert_eq!(k.as_str(), key);
+            assert_eq!(k.as_bytes(), key.as_bytes());
             let longer: &'static str = format!("{key}x").leak();
             assert!(!k.matches(&probe(longer)));
             assert!(!StoredKey::new(&probe(longer)).matches(&probe(key)));
             assert_eq!(matches!(k, StoredKey::Inline { .. }), key.len() <= INLINE, "{key}");
         }
-        assert!(!StoredKey::new(&Probe::new("ab", 1)).matches(&Probe::new("a", 1)));
-        assert!(!StoredKey::new(&Probe::new("a\0", 1)).matches(&Probe::new("a", 1)));
+        assert!(!StoredKey::new(&Probe::new(b"ab", 1)).matches(&Probe::new(b"a", 1)));
+        assert!(!StoredKey::new(&Probe::new(b"a\0", 1)).matches(&Probe::new(b"a", 1)));
         // A long key with the same bytes but another tag is another key's
         // hash: the bytes are never read.
-        let long = "0123456789012345678901234";
+        let long = b"0123456789012345678901234";
         assert!(!StoredKey::new(&Probe::new(long, 1 << 32)).matches(&Probe::new(long, 2 << 32)));
     }
 

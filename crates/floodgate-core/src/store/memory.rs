@@ -188,6 +188,13 @@ impl<C: Clock> MemoryStore<C> {
     /// key's last time (state never rewinds).
     #[inline]
     pub fn apply_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
+        self.apply_bytes_at(key.as_bytes(), limit, hits, now_us)
+    }
+
+    /// [`MemoryStore::apply_at`] for a key given as bytes (any bytes: the
+    /// store compares and hashes keys as bytes; a `&str` key is its UTF-8).
+    #[inline]
+    pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
@@ -211,7 +218,7 @@ impl<C: Clock> MemoryStore<C> {
         self.make_room(&mut shard, seconds(now_us))?;
         let slot =
             Slot { key: StoredKey::new(&probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
-        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_str()));
+        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_bytes()));
         Ok(d)
     }
 
@@ -219,6 +226,7 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Limit::refund`]). A key that is gone, or was since written by another
     /// limit, has nothing to give back.
     pub fn refund_at(&self, key: &str, limit: &Limit, hits: u64, at_us: u64, now_us: u64) {
+        let key = key.as_bytes();
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
@@ -359,6 +367,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     #[inline]
+    fn apply_bytes_now(&self, key: &[u8], limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+        Some(self.apply_bytes_at(key, limit, hits, self.clock.now_us()))
+    }
+
+    #[inline]
     fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
         self.apply_all_at(checks, self.clock.now_us(), out);
         true
@@ -377,7 +390,7 @@ impl<C> std::fmt::Debug for MemoryStore<C> {
 
 fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::RandomState) -> usize {
     let before = shard.table.len();
-    let rehash = |s: &Slot| hasher.hash_one(s.key.as_str());
+    let rehash = |s: &Slot| hasher.hash_one(s.key.as_bytes());
     if shard.table.iter().any(|s| s.expires_s <= now_s) {
         shard.table.retain(|s| s.expires_s > now_s, rehash);
     }
@@ -417,7 +430,7 @@ fn evict_nearest_expiry(
                 true
             }
         },
-        |s| hasher.hash_one(s.key.as_str()),
+        |s| hasher.hash_one(s.key.as_bytes()),
     );
     excess
 }
@@ -452,6 +465,51 @@ mod tests {
             assert_eq!(u64::from(at(now, reset)), (now + reset).div_ceil(1_000_000), "{now} + {reset}");
         }
         assert_eq!(at(u64::MAX, 1), u32::MAX);
+    }
+
+    #[test]
+    fn a_key_and_its_bytes_are_one_key_and_any_bytes_are_a_key() {
+        let store = MemoryStore::builder().clock(crate::ManualClock::new(0)).build();
+        let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
+        let remaining = |r: Option<Result<Decision, StoreError>>| r.unwrap().unwrap().remaining;
+        assert_eq!(remaining(store.apply_now("alice", &limit, 1)), 1);
+        assert_eq!(remaining(store.apply_bytes_now(b"alice", &limit, 1)), 0);
+        // Not UTF-8, and two values that would read alike as lossy text.
+        assert_eq!(remaining(store.apply_bytes_now(b"\xff", &limit, 1)), 1);
+        assert_eq!(remaining(store.apply_bytes_now(b"\xfe", &limit, 1)), 1);
+        assert_eq!(remaining(store.apply_bytes_now(b"\xff", &limit, 1)), 0);
+        // Long keys (on the heap) too.
+        let long = [0xffu8; 40];
+        assert_eq!(remaining(store.apply_bytes_now(&long, &limit, 1)), 1);
+        assert_eq!(remaining(store.apply_bytes_now(&long, &limit, 1)), 0);
+        assert_eq!(store.len(), 4);
+    }
+
+    /// A store that answers at once through the trait's defaults only.
+    struct TextOnly(MemoryStore);
+
+    impl Store for TextOnly {
+        async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
+            self.0.apply_sync(key, limit, hits)
+        }
+
+        async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
+            self.0.apply_all_now(checks, out);
+        }
+
+        fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+            Some(self.0.apply_sync(key, limit, hits))
+        }
+    }
+
+    #[test]
+    fn a_text_store_takes_utf8_bytes_and_declines_others() {
+        let store = TextOnly(MemoryStore::new());
+        let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
+        assert!(store.apply_bytes_now("caf\u{e9}".as_bytes(), &limit, 1).is_some());
+        assert_eq!(store.0.apply_sync("caf\u{e9}", &limit, 1).unwrap().remaining, 0, "the same key");
+        assert!(store.apply_bytes_now(b"\xff", &limit, 1).is_none(), "declined: ask apply");
+        assert_eq!(store.0.len(), 1, "nothing counted for the declined key");
     }
 
     #[test]

@@ -50,6 +50,16 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// [`Store::apply_now`] for a key given as bytes, for callers that write
+    /// keys into a buffer (the tower layer's client-IP keys) and would
+    /// otherwise check them as UTF-8 first. A store that keys by bytes (the
+    /// in-memory store) takes them as they are; the default asks
+    /// [`Store::apply_now`] with the key as text, and declines (`None`) a key
+    /// that is not UTF-8. A `&str` key and its bytes are the same key.
+    fn apply_bytes_now(&self, key: &[u8], limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
+        self.apply_now(std::str::from_utf8(key).ok()?, limit, hits)
+    }
+
     /// [`Store::apply_all`] without waiting, as [`Store::apply_now`]: `false`
     /// means nothing was done (and `out` is untouched).
     fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
