@@ -80,8 +80,7 @@ impl Outcome {
 }
 
 /// A request's answer over borrowed verdicts: an [`Outcome`]'s, or one
-/// verdict held elsewhere ([`Limiter::check_one`]'s, with
-/// `std::slice::from_ref`).
+/// verdict held elsewhere (with `std::slice::from_ref`).
 #[derive(Debug, Clone, Copy)]
 pub struct OutcomeView<'a> {
     /// Whether the request may go ahead.
@@ -238,27 +237,9 @@ impl<S: Store> Limiter<S> {
         Outcome { allowed, verdicts }
     }
 
-    /// Decide a request of one check: [`Limiter::check`] without its
-    /// allocations (the tower layer's one-limit path).
-    pub async fn check_one(&self, c: &RuleCheck<'_>) -> Verdict {
-        let Some(limit) = c.rule.limit.as_ref() else {
-            return unlimited(c);
-        };
-        let result = self.store.apply(c.key, limit, c.hits).await;
-        self.verdict(c, result)
-    }
-
-    /// [`Limiter::check_one`] without waiting, as [`Limiter::check_now`].
-    pub fn check_one_now(&self, c: &RuleCheck<'_>) -> Option<Verdict> {
-        let Some(limit) = c.rule.limit.as_ref() else {
-            return Some(unlimited(c));
-        };
-        let result = self.store.apply_now(c.key, limit, c.hits)?;
-        Some(self.verdict(c, result))
-    }
-
-    /// The verdict of a check with a limit from the store's result: a store
-    /// failure goes to the rule's failure policy.
+    /// The verdict of a check with a limit from the store's result (from a
+    /// call of your own, e.g. [`Store::apply_bytes_now`]): a store failure
+    /// goes to the rule's failure policy.
     pub fn verdict(&self, c: &RuleCheck<'_>, result: Result<Decision, StoreError>) -> Verdict {
         let shadow = c.rule.shadow_mode;
         match result {

@@ -418,6 +418,29 @@ mod tests {
     }
 
     #[test]
+    fn a_keyed_limit_fails_open_when_its_store_refuses() {
+        use floodgate_core::OnFull;
+        let store = MemoryStore::builder().shards(1).max_keys(1).on_full(OnFull::Refuse).build();
+        let limit = Limit::new(floodgate_core::Algorithm::FixedWindow, 5, Duration::from_secs(60)).unwrap();
+        let decider = KeyedLimit::new(limit, Key::ClientIp, store);
+        let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
+        let answer = |ip: &str| {
+            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
+            decider.decide_now(&facts).expect("the memory store answers at once").unwrap()
+        };
+        let first = answer("10.0.0.1");
+        assert_eq!(first.headline.as_ref().map(|h| h.decision.remaining), Some(4));
+        // The store is full and refuses a second key: the limit fails open,
+        // and says so with its whole limit remaining.
+        let refused = answer("10.0.0.2");
+        assert!(refused.allowed);
+        assert_eq!(refused.retry_after, None);
+        let h = refused.headline.expect("the limit still heads the answer");
+        assert_eq!((h.requests_per_unit, h.decision.remaining), (5, 5));
+        assert_eq!(decider.store().len(), 1);
+    }
+
+    #[test]
     fn ip_text_matches_display() {
         let mut buf = [0u8; 48];
         for ip in ["0.0.0.0", "10.0.0.1", "192.168.100.255", "1.22.3.44", "::1", "2001:db8::ffff:1:2", "::ffff:1.2.3.4"]
