@@ -193,7 +193,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`MemoryStore::apply_at`] for a key given as bytes (any bytes: the
     /// store compares and hashes keys as bytes; a `&str` key is its UTF-8).
-    #[inline]
+    #[inline(always)]
     pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
@@ -210,6 +210,24 @@ impl<C: Clock> MemoryStore<C> {
             }
             return Ok(d);
         }
+        self.insert_at(shard, &probe, hash, limit, hits, now_us)
+    }
+
+    /// The rest of [`MemoryStore::apply_bytes_at`] for a key the shard does
+    /// not hold: decided from the empty state, and stored if that changed
+    /// it. Out of line, so the common path (an existing key) stays small
+    /// enough to inline into its caller, where its `Decision` is built in
+    /// place instead of copied out through memory.
+    #[inline(never)]
+    fn insert_at(
+        &self,
+        mut shard: MutexGuard<'_, ShardInner>,
+        probe: &Probe<'_>,
+        hash: u64,
+        limit: &Limit,
+        hits: u64,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
         let mut state = State::new();
         let d = limit.apply(&mut state, now_us, hits);
         if !d.allowed || hits == 0 {
@@ -217,7 +235,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         self.make_room(&mut shard, seconds(now_us))?;
         let slot =
-            Slot { key: StoredKey::new(&probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+            Slot { key: StoredKey::new(probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
         shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_bytes()));
         Ok(d)
     }
