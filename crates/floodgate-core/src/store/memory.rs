@@ -193,6 +193,10 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`MemoryStore::apply_at`] for a key given as bytes (any bytes: the
     /// store compares and hashes keys as bytes; a `&str` key is its UTF-8).
+    // Always inlined (the rare insert is out of line): called out of line,
+    // the `Decision` was built in a temporary and copied to the caller,
+    // and that copy's wide loads over the one-byte `allowed` store stalled
+    // a one-key decision by a fifth (BENCHMARKS.md, "Core").
     #[inline(always)]
     pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
