@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use criterion::{Criterion, criterion_group};
 use floodgate_core::{Algorithm, Limit, MemoryStore};
 use floodgate_tower::{HeaderMode, Key, KeyedLimit, RateLimitLayer};
@@ -49,6 +50,20 @@ where
     rt.block_on(async {
         poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
         svc.call(request(ip)).await.unwrap().status().as_u16()
+    })
+}
+
+/// The same, the response then converted as an axum `Router` converts
+/// every response of a layer (`IntoResponse`: a body that is not axum's own
+/// `Body` is boxed).
+fn once_in_axum<S, B>(rt: &tokio::runtime::Runtime, svc: &mut S, ip: u32) -> u16
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
+    Response<B>: IntoResponse,
+{
+    rt.block_on(async {
+        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(request(ip)).await.unwrap().into_response().status().as_u16()
     })
 }
 
@@ -99,16 +114,28 @@ fn bench(c: &mut Criterion) {
         let mut bare = Ok200;
         g.bench_function("no_layer", |b| b.iter(|| once(&rt, &mut bare, next())));
 
+        let keyed = |mode| {
+            let l = Limit::new(Algorithm::Gcra { burst: Some(limit) }, limit, Duration::from_secs(1)).unwrap();
+            RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode)
+        };
+        // As an axum app would use it: axum's own body type, not wrapped.
         for (name, mode) in [
             ("floodgate", HeaderMode::None),
             ("floodgate_x_headers", HeaderMode::XRateLimit),
             ("floodgate_headers", HeaderMode::Both),
         ] {
-            let l = Limit::new(Algorithm::Gcra { burst: Some(limit) }, limit, Duration::from_secs(1)).unwrap();
-            let layer = RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode);
-            let mut svc = layer.layer(Ok200);
+            let mut svc = keyed(mode).inner_body().layer(Ok200);
             expect(&rt, &mut svc, spent, name);
             g.bench_function(name, |b| b.iter(|| once(&rt, &mut svc, next())));
+        }
+        // The default, for any inner body type: each body wrapped.
+        let mut svc = keyed(HeaderMode::None).layer(Ok200);
+        expect(&rt, &mut svc, spent, "floodgate_wrapped");
+        g.bench_function("floodgate_wrapped", |b| b.iter(|| once(&rt, &mut svc, next())));
+        if case == "one_ip_allowed" {
+            g.bench_function("floodgate_wrapped_in_axum", |b| b.iter(|| once_in_axum(&rt, &mut svc, next())));
+            let mut svc = keyed(HeaderMode::None).inner_body().layer(Ok200);
+            g.bench_function("floodgate_in_axum", |b| b.iter(|| once_in_axum(&rt, &mut svc, next())));
         }
 
         let config = governor_config!(spent, burst).finish().unwrap();
@@ -129,8 +156,9 @@ criterion_group! {
     targets = bench
 }
 /// `LAYER_COUNT=<layer>:<requests>` runs that many allowed requests from one
-/// IP through one layer (`none`, `floodgate`, `floodgate_headers`,
-/// `tower_governor`, `tower_governor_headers`) and exits: a fixed workload
+/// IP through one layer (`none`, `floodgate`, `floodgate_headers` (both
+/// with axum's body type), `floodgate_wrapped`, `tower_governor`,
+/// `tower_governor_headers`) and exits: a fixed workload
 /// for `valgrind --tool=callgrind`, whose instruction counts do not drift
 /// with the VM's noise as times do.
 fn count(spec: &str) {
@@ -141,12 +169,17 @@ fn count(spec: &str) {
     let mut run = |svc: &mut dyn FnMut() -> u16| (0..n).for_each(|_| ok += u32::from(svc() == 200));
     match name {
         "none" => run(&mut || once(&rt, &mut Ok200, 0x0a00_0001)),
-        "floodgate" | "floodgate_headers" => {
-            let mode = if name == "floodgate" { HeaderMode::None } else { HeaderMode::Both };
+        "floodgate" | "floodgate_headers" | "floodgate_wrapped" => {
+            let mode = if name == "floodgate_headers" { HeaderMode::Both } else { HeaderMode::None };
             let l = Limit::new(Algorithm::Gcra { burst: Some(HUGE) }, HUGE, Duration::from_secs(1)).unwrap();
-            let mut svc =
-                RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode).layer(Ok200);
-            run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+            let layer = RateLimitLayer::new(KeyedLimit::new(l, Key::ClientIp, MemoryStore::new())).headers(mode);
+            if name == "floodgate_wrapped" {
+                let mut svc = layer.layer(Ok200);
+                run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+            } else {
+                let mut svc = layer.inner_body().layer(Ok200);
+                run(&mut || once(&rt, &mut svc, 0x0a00_0001));
+            }
         }
         "tower_governor" | "tower_governor_headers" => {
             let mut b = tower_governor::governor::GovernorConfigBuilder::default();

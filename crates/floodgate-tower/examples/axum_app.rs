@@ -40,7 +40,9 @@ fn app<S: floodgate_core::Store + 'static>(rules: RuleSet, store: S) -> Router {
     // Behind a load balancer on the private network, believe its
     // X-Forwarded-For; a client's own header is never enough.
     let trusted = TrustedProxies::parse_list("10.0.0.0/8").expect("valid CIDRs");
-    let layer = RateLimitLayer::new(RulesDecider::new(rules, "app", store)).trusted_proxies(trusted);
+    // `inner_body`: responses keep axum's own body type (no wrapper for
+    // axum to box).
+    let layer = RateLimitLayer::new(RulesDecider::new(rules, "app", store)).trusted_proxies(trusted).inner_body();
     Router::new().route("/", get(|| async { "hello\n" })).route("/search", get(|| async { "results\n" })).layer(layer)
 }
 

@@ -3,6 +3,7 @@
 //! Many Requests` itself.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,19 +39,24 @@ pub struct PeerAddr(pub SocketAddr);
 /// use std::time::Duration;
 /// let limit = Limit::new(Algorithm::FixedWindow, 100, Duration::from_secs(60)).unwrap();
 /// let layer = RateLimitLayer::new(KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new()));
-/// // axum: Router::new().route(...).layer(layer)
+/// // axum: Router::new().route(...).layer(layer.inner_body())
 /// ```
-pub struct RateLimitLayer<D> {
+///
+/// `M` is how responses carry their bodies: [`Wrapped`] (the default, any
+/// inner body type) or, after [`RateLimitLayer::inner_body`], the inner
+/// service's own body type ([`InnerBody`]).
+pub struct RateLimitLayer<D, M = Wrapped> {
     shared: Arc<Shared<D>>,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<D> Clone for RateLimitLayer<D> {
+impl<D, M> Clone for RateLimitLayer<D, M> {
     fn clone(&self) -> Self {
-        Self { shared: Arc::clone(&self.shared) }
+        Self { shared: Arc::clone(&self.shared), mode: PhantomData }
     }
 }
 
-impl<D> std::fmt::Debug for RateLimitLayer<D> {
+impl<D, M> std::fmt::Debug for RateLimitLayer<D, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("trusted", &self.shared.trusted)
@@ -88,7 +94,7 @@ impl<D> Shared<D> {
 
 impl<D: Decide> RateLimitLayer<D> {
     /// A layer asking `decider`, trusting no proxy (the peer address is the
-    /// client) and sending both header families.
+    /// client) and sending both header families; bodies [`Wrapped`].
     pub fn new(decider: D) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -97,13 +103,32 @@ impl<D: Decide> RateLimitLayer<D> {
                 headers: HeaderMode::Both,
                 holds: Holds { max: DEFAULT_MAX_HELD, held: Arc::new(AtomicUsize::new(0)) },
             }),
+            mode: PhantomData,
         }
     }
 
+    /// Answer with the inner service's own response body type instead of
+    /// wrapping every body in [`RateLimitBody`]: for inner services whose
+    /// body type can be made from [`Bytes`] (`B: From<Bytes>`: axum's
+    /// `Body`, `http_body_util::Full<Bytes>`, `String`...), the layer's own
+    /// answers (a `429`'s text) are made as that type, and a forwarded
+    /// response passes through untouched.
+    ///
+    /// Use it with axum: axum boxes every response body that is not its own
+    /// `Body` (an allocation per response), and a forwarded response is not
+    /// moved into a wrapper (BENCHMARKS.md: a fifth of the layer's cost on
+    /// an allowed request). Bodies that cannot be made from bytes (hyper's
+    /// `Incoming`, `BoxBody`) need the default.
+    pub fn inner_body(self) -> RateLimitLayer<D, InnerBody> {
+        RateLimitLayer { shared: self.shared, mode: PhantomData }
+    }
+}
+
+impl<D: Decide, M> RateLimitLayer<D, M> {
     fn with(self, f: impl FnOnce(&mut Shared<D>)) -> Self {
         let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|_| panic!("configure a layer before cloning it"));
         f(&mut shared);
-        Self { shared: Arc::new(shared) }
+        Self { shared: Arc::new(shared), mode: PhantomData }
     }
 
     /// Believe the forwarding header of these proxies (see
@@ -143,13 +168,64 @@ impl<D: Decide> RateLimitLayer<D> {
     }
 }
 
-impl<S, D> Layer<S> for RateLimitLayer<D> {
-    type Service = RateLimit<S, D>;
+impl<S, D, M> Layer<S> for RateLimitLayer<D, M> {
+    type Service = RateLimit<S, D, M>;
 
-    fn layer(&self, inner: S) -> RateLimit<S, D> {
-        RateLimit { inner, shared: Arc::clone(&self.shared) }
+    fn layer(&self, inner: S) -> RateLimit<S, D, M> {
+        RateLimit { inner, shared: Arc::clone(&self.shared), mode: PhantomData }
     }
 }
+
+/// How the layer's responses carry their bodies: [`Wrapped`] or
+/// [`InnerBody`].
+pub trait BodyMode<B>: 'static {
+    /// The layer's response body type.
+    type Body;
+    /// The inner service's response, as the layer's.
+    fn forwarded(resp: Response<B>) -> Response<Self::Body>;
+    /// A body made by the layer (`None`: empty).
+    fn local(data: Option<Bytes>) -> Self::Body;
+}
+
+/// Every response body wrapped in [`RateLimitBody`] (the default): works
+/// with any inner body type.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Wrapped;
+
+/// The inner service's own body type (`B: From<Bytes>`), see
+/// [`RateLimitLayer::inner_body`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InnerBody;
+
+impl<B> BodyMode<B> for Wrapped {
+    type Body = RateLimitBody<B>;
+
+    #[inline]
+    fn forwarded(resp: Response<B>) -> Response<RateLimitBody<B>> {
+        resp.map(|body| RateLimitBody::Inner { body })
+    }
+
+    fn local(data: Option<Bytes>) -> RateLimitBody<B> {
+        RateLimitBody::Local { data }
+    }
+}
+
+impl<B: From<Bytes>> BodyMode<B> for InnerBody {
+    type Body = B;
+
+    #[inline]
+    fn forwarded(resp: Response<B>) -> Response<B> {
+        resp
+    }
+
+    fn local(data: Option<Bytes>) -> B {
+        B::from(data.unwrap_or_default())
+    }
+}
+
+/// A response made by the layer, before its body takes the layer's body
+/// type.
+type Local = Response<Option<Bytes>>;
 
 /// The rate-limiting service. For each request:
 ///
@@ -166,33 +242,35 @@ impl<S, D> Layer<S> for RateLimitLayer<D> {
 /// A decider error (a misconfigured server: no peer address for a
 /// `remote_address` descriptor) is answered with its status and message.
 /// Store failures never are: each rule's failure policy decides.
-pub struct RateLimit<S, D> {
+pub struct RateLimit<S, D, M = Wrapped> {
     inner: S,
     shared: Arc<Shared<D>>,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<S: Clone, D> Clone for RateLimit<S, D> {
+impl<S: Clone, D, M> Clone for RateLimit<S, D, M> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), shared: Arc::clone(&self.shared) }
+        Self { inner: self.inner.clone(), shared: Arc::clone(&self.shared), mode: PhantomData }
     }
 }
 
-impl<S: std::fmt::Debug, D> std::fmt::Debug for RateLimit<S, D> {
+impl<S: std::fmt::Debug, D, M> std::fmt::Debug for RateLimit<S, D, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimit").field("inner", &self.inner).finish_non_exhaustive()
     }
 }
 
-impl<S, D, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, D>
+impl<S, D, M, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, D, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send,
     D: Decide,
+    M: BodyMode<ResB>,
     ReqB: Send + 'static,
 {
-    type Response = Response<RateLimitBody<ResB>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, ResB>;
+    type Future = ResponseFuture<S, ReqB, ResB, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -209,25 +287,29 @@ where
                 (req, result)
             });
             let state = State::Deciding { decision, inner: Some(self.take_ready()), holds: self.shared.holds.clone() };
-            return ResponseFuture { state, headers: None, mode };
+            return ResponseFuture { state, headers: None, mode, body: PhantomData };
         };
         let mut headers = None;
         // Each arm builds the future in place: the inner future is not moved.
         match next(&result, req.headers(), &mut headers, mode) {
-            Next::Forward => ResponseFuture { state: State::Calling { fut: self.inner.call(req) }, headers, mode },
-            Next::Answered(resp) => ResponseFuture { state: State::Answered { resp: Some(resp) }, headers, mode },
+            Next::Forward => {
+                ResponseFuture { state: State::Calling { fut: self.inner.call(req) }, headers, mode, body: PhantomData }
+            }
+            Next::Answered(resp) => {
+                ResponseFuture { state: State::Answered { resp: Some(resp) }, headers, mode, body: PhantomData }
+            }
             Next::Hold(delay) => {
                 let state = match HeldSlot::take(&self.shared.holds) {
                     Some(slot) => State::holding(delay, slot, self.take_ready(), req),
                     None => State::Answered { resp: Some(too_many_held(delay, self.shared.holds.max, headers.take())) },
                 };
-                ResponseFuture { state, headers, mode }
+                ResponseFuture { state, headers, mode, body: PhantomData }
             }
         }
     }
 }
 
-impl<S: Clone, D> RateLimit<S, D> {
+impl<S: Clone, D, M> RateLimit<S, D, M> {
     /// The inner service polled ready, for a call made later; a clone (not
     /// ready yet) stays for the next request.
     fn take_ready(&mut self) -> S {
@@ -237,9 +319,9 @@ impl<S: Clone, D> RateLimit<S, D> {
 }
 
 /// What a decided request comes to.
-enum Next<ResB> {
+enum Next {
     /// A response made here: a `429` (with its headers) or a decider error.
-    Answered(Response<RateLimitBody<ResB>>),
+    Answered(Local),
     /// Hold the request this long, then forward it.
     Hold(Duration),
     /// Forward it now.
@@ -249,31 +331,31 @@ enum Next<ResB> {
 /// Where a decision sends its request (with `request_headers`: a gRPC call
 /// is answered in gRPC's terms); the headers of a forwarded request go to
 /// `slot` (when there are any), for the inner response.
-fn next<ResB>(
+fn next(
     result: &Result<Answer, DecideError>,
     request_headers: &http::HeaderMap,
     slot: &mut Option<AnswerHeaders>,
     mode: HeaderMode,
-) -> Next<ResB> {
+) -> Next {
     // Only a request answered here needs to know (not the common one).
     let grpc = || is_grpc(request_headers);
     let answer = match result {
         Ok(a) => a,
         Err(e) if grpc() => {
             let code = if e.status.is_client_error() { GRPC_INVALID_ARGUMENT } else { GRPC_INTERNAL };
-            return Next::Answered(grpc_response(code, &e.message));
+            return Next::Answered(grpc_local(code, &e.message));
         }
-        Err(e) => return Next::Answered(local_response(e.status, format!("{e}\n"))),
+        Err(e) => return Next::Answered(local_text(e.status, format!("{e}\n").into(), 0)),
     };
     if !answer.allowed {
         if grpc() {
-            let mut resp = grpc_rejection(answer);
+            let mut resp = grpc_rejection_local(answer);
             AnswerHeaders::of(answer, mode).insert_into(resp.headers_mut());
             return Next::Answered(resp);
         }
         // The body is written after the header values: one buffer for all.
         let (headers, body) = AnswerHeaders::with_text(answer, mode, |out| write_denial(answer, REJECTED, b"\n", out));
-        let mut resp = local_response_with(StatusCode::TOO_MANY_REQUESTS, body, headers.fields().len());
+        let mut resp = local_text(StatusCode::TOO_MANY_REQUESTS, body, headers.fields().len());
         headers.insert_into(resp.headers_mut());
         return Next::Answered(resp);
     }
@@ -289,22 +371,23 @@ type Deciding<ReqB> = Pin<Box<dyn Future<Output = (Request<ReqB>, Result<Answer,
 
 pin_project_lite::pin_project! {
     /// The response future of [`RateLimit`].
-    pub struct ResponseFuture<S, ReqB, ResB>
+    pub struct ResponseFuture<S, ReqB, ResB, M = Wrapped>
     where
         S: Service<Request<ReqB>>,
     {
         #[pin]
-        state: State<S, S::Future, ReqB, ResB>,
+        state: State<S, S::Future, ReqB>,
         // The rate-limit headers of a forwarded request, for the inner
         // response.
         headers: Option<AnswerHeaders>,
         mode: HeaderMode,
+        body: PhantomData<fn() -> (ResB, M)>,
     }
 }
 
 pin_project_lite::pin_project! {
     #[project = StateProj]
-    enum State<S, F, ReqB, ResB> {
+    enum State<S, F, ReqB> {
         // Waiting for a decider that could not answer at once.
         Deciding { decision: Deciding<ReqB>, inner: Option<S>, holds: Holds },
         // Holding an allowed request for its shaping delay (boxed: rare, and
@@ -313,7 +396,7 @@ pin_project_lite::pin_project! {
         // Waiting for the inner service.
         Calling { #[pin] fut: F },
         // Answered here.
-        Answered { resp: Option<Response<RateLimitBody<ResB>>> },
+        Answered { resp: Option<Local> },
     }
 }
 
@@ -348,7 +431,7 @@ impl Drop for HeldSlot {
 /// The answer to a request that would be held while the layer already holds
 /// its maximum: `503` (the server is out of room, the client within its
 /// limit), `Retry-After` its delay, and its rate-limit headers.
-fn too_many_held<B>(delay: Duration, max: usize, headers: Option<AnswerHeaders>) -> Response<RateLimitBody<B>> {
+fn too_many_held(delay: Duration, max: usize, headers: Option<AnswerHeaders>) -> Local {
     let secs = floodgate_core::headers::ceil_secs(delay).max(1);
     let mut text = Vec::with_capacity(96);
     text.extend_from_slice(b"503 Service Unavailable: ");
@@ -357,7 +440,7 @@ fn too_many_held<B>(delay: Duration, max: usize, headers: Option<AnswerHeaders>)
     Value::Number(secs).write_to(&mut text);
     text.extend_from_slice(b" s\n");
     let more = headers.as_ref().map_or(0, |h| h.fields().len());
-    let mut resp = local_response_with(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(text), 1 + more);
+    let mut resp = local_text(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(text), 1 + more);
     resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
     if let Some(h) = headers {
         h.insert_into(resp.headers_mut());
@@ -365,14 +448,14 @@ fn too_many_held<B>(delay: Duration, max: usize, headers: Option<AnswerHeaders>)
     resp
 }
 
-impl<S, F, ReqB, ResB> State<S, F, ReqB, ResB> {
+impl<S, F, ReqB> State<S, F, ReqB> {
     fn holding(delay: Duration, slot: HeldSlot, inner: S, req: Request<ReqB>) -> Self {
         let sleep = Box::pin(tokio::time::sleep(delay));
         State::Holding { held: Some(Box::new(Held { sleep, inner, req, _slot: slot })) }
     }
 }
 
-impl<S, ReqB, ResB> std::fmt::Debug for ResponseFuture<S, ReqB, ResB>
+impl<S, ReqB, ResB, M> std::fmt::Debug for ResponseFuture<S, ReqB, ResB, M>
 where
     S: Service<Request<ReqB>>,
 {
@@ -383,11 +466,12 @@ where
 
 const POLLED_AFTER_DONE: &str = "RateLimit's ResponseFuture polled after it completed";
 
-impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
+impl<S, ReqB, ResB, M> Future for ResponseFuture<S, ReqB, ResB, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    M: BodyMode<ResB>,
 {
-    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -414,14 +498,21 @@ where
                     State::Calling { fut: inner.call(req) }
                 }
                 StateProj::Calling { fut } => {
-                    let resp = std::task::ready!(fut.poll(cx))?;
-                    let mut resp = resp.map(|body| RateLimitBody::Inner { body });
+                    if this.headers.is_none() {
+                        // Nothing to add: the inner future's answer is ours,
+                        // written where our caller wants it (not copied out
+                        // of a temporary).
+                        return fut.poll(cx).map_ok(M::forwarded);
+                    }
+                    let mut resp = M::forwarded(std::task::ready!(fut.poll(cx))?);
                     if let Some(headers) = this.headers.take() {
                         headers.insert_into(resp.headers_mut());
                     }
                     return Poll::Ready(Ok(resp));
                 }
-                StateProj::Answered { resp } => return Poll::Ready(Ok(resp.take().expect(POLLED_AFTER_DONE))),
+                StateProj::Answered { resp } => {
+                    return Poll::Ready(Ok(resp.take().expect(POLLED_AFTER_DONE).map(M::local)));
+                }
             };
             this.state.set(state);
         }
@@ -545,6 +636,11 @@ pub fn rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
     local_response(StatusCode::TOO_MANY_REQUESTS, text)
 }
 
+/// A response made here, with its body wrapped.
+fn wrapped<B>(resp: Local) -> Response<RateLimitBody<B>> {
+    resp.map(|data| RateLimitBody::Local { data })
+}
+
 /// Why a request was denied, and when to come back, between `before` and
 /// `after`, appended to `out` (without `core::fmt`: a denial is as common as
 /// an attack makes it).
@@ -577,15 +673,23 @@ fn is_grpc(headers: &http::HeaderMap) -> bool {
 /// at once). The rate-limit headers and `retry-after` go with it, as
 /// metadata.
 pub fn grpc_rejection<B>(answer: &Answer) -> Response<RateLimitBody<B>> {
+    wrapped(grpc_rejection_local(answer))
+}
+
+fn grpc_rejection_local(answer: &Answer) -> Local {
     let mut text = Vec::with_capacity(64);
     write_denial(answer, b"", b"", &mut text);
-    grpc_response(GRPC_RESOURCE_EXHAUSTED, &String::from_utf8_lossy(&text))
+    grpc_local(GRPC_RESOURCE_EXHAUSTED, &String::from_utf8_lossy(&text))
 }
 
 /// A trailers-only gRPC response (HTTP 200, no body) with `code` and
 /// `message` (percent-encoded as gRPC requires).
 pub fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBody<B>> {
-    let mut resp = Response::new(RateLimitBody::Local { data: None });
+    wrapped(grpc_local(code, message))
+}
+
+fn grpc_local(code: u8, message: &str) -> Local {
+    let mut resp = Response::new(None);
     let headers = resp.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", HeaderValue::from(u16::from(code)));
@@ -605,12 +709,12 @@ pub fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBody<B>> {
 
 /// A plain-text response made here.
 pub fn local_response<B>(status: StatusCode, text: impl Into<Bytes>) -> Response<RateLimitBody<B>> {
-    local_response_with(status, text.into(), 0)
+    wrapped(local_text(status, text.into(), 0))
 }
 
 /// The same, with room for `more` headers beside its content type.
-fn local_response_with<B>(status: StatusCode, text: Bytes, more: usize) -> Response<RateLimitBody<B>> {
-    let mut resp = Response::new(RateLimitBody::Local { data: Some(text) });
+fn local_text(status: StatusCode, text: Bytes, more: usize) -> Local {
+    let mut resp = Response::new(Some(text));
     *resp.status_mut() = status;
     let headers = resp.headers_mut();
     headers.reserve(1 + more);
@@ -721,9 +825,7 @@ mod tests {
         };
         for mode in [HeaderMode::None, HeaderMode::XRateLimit, HeaderMode::Ietf, HeaderMode::Both] {
             let mut slot = None;
-            let Next::Answered(resp) =
-                next::<http_body_util::Empty<Bytes>>(&Ok(answer.clone()), &http::HeaderMap::new(), &mut slot, mode)
-            else {
+            let Next::Answered(resp) = next(&Ok(answer.clone()), &http::HeaderMap::new(), &mut slot, mode) else {
                 panic!("a denial is answered here")
             };
             assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -744,17 +846,15 @@ mod tests {
                 want_ietf.then_some(r#""per \"ip\"";r=0;t=60"#)
             );
             assert_eq!(h.len(), 2 + 3 * usize::from(want_x) + 2 * usize::from(want_ietf));
-            let RateLimitBody::Local { data: Some(body) } = resp.body() else { panic!("a local body") };
+            let Some(body) = resp.body() else { panic!("a local body") };
             assert_eq!(&body[..], b"429 Too Many Requests: rate limit exceeded, retry after 3 s\n");
         }
         let too_big = Answer { retry_after: None, headline: None, ..answer };
-        let Next::Answered(resp) =
-            next::<http_body_util::Empty<Bytes>>(&Ok(too_big), &http::HeaderMap::new(), &mut None, HeaderMode::Both)
-        else {
+        let Next::Answered(resp) = next(&Ok(too_big), &http::HeaderMap::new(), &mut None, HeaderMode::Both) else {
             panic!("a denial is answered here")
         };
         assert!(resp.headers().get(RETRY_AFTER).is_none(), "no wait helps");
-        let RateLimitBody::Local { data: Some(body) } = resp.body() else { panic!("a local body") };
+        let Some(body) = resp.body() else { panic!("a local body") };
         assert_eq!(&body[..], b"429 Too Many Requests: rate limit exceeded (the request is larger than the limit)\n");
     }
 }

@@ -39,7 +39,7 @@ pub use descriptors::{
 };
 pub use floodgate_core::headers::HeaderMode;
 pub use layer::{
-    AnswerHeaders, DEFAULT_MAX_HELD, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture,
-    grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection,
+    AnswerHeaders, BodyMode, DEFAULT_MAX_HELD, InnerBody, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer,
+    ResponseFuture, Wrapped, grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection,
 };
 pub use throttle::{Throttle, ThrottleError};

@@ -100,6 +100,19 @@ fn rules() -> RuleSet {
 #[tokio::test]
 async fn limits_count_down_then_429_with_retry_after_and_the_handler_is_not_called() {
     let app = serve(RateLimitLayer::new(RulesDecider::new(rules(), "api", MemoryStore::new())), true).await;
+    counts_down_then_429(&app).await;
+}
+
+#[tokio::test]
+async fn with_axums_own_body_type_the_answers_are_the_same() {
+    let layer = RateLimitLayer::new(RulesDecider::new(rules(), "api", MemoryStore::new())).inner_body();
+    let app = serve(layer, true).await;
+    counts_down_then_429(&app).await;
+}
+
+/// Three allowed requests with their headers, then a `429` with its body
+/// and `Retry-After`, the handler called three times.
+async fn counts_down_then_429(app: &App) {
     for remaining in ["2", "1", "0"] {
         let r = get_with(app.addr, &[]).await;
         assert_eq!((r.status, r.body.as_str()), (200, "hi"));

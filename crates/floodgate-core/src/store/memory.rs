@@ -238,8 +238,7 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(d);
         }
         self.make_room(&mut shard, seconds(now_us))?;
-        let slot =
-            Slot { key: StoredKey::new(probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+        let slot = Slot { key: StoredKey::new(probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
         shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_bytes()));
         Ok(d)
     }
