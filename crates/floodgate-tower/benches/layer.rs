@@ -199,9 +199,24 @@ fn count(spec: &str) {
 }
 
 fn main() {
+    if std::env::var_os("LAYER_SIZES").is_some() {
+        return sizes();
+    }
     if let Ok(spec) = std::env::var("LAYER_COUNT") {
         return count(&spec);
     }
     benches();
     Criterion::default().configure_from_args().final_summary();
+}
+/// `LAYER_SIZES=1` prints the response futures' sizes: a caller moves a
+/// future at least once (into its own state or a box), and one larger than
+/// 128 bytes is copied by a `memcpy` call.
+fn sizes() {
+    type L = floodgate_tower::RateLimit<Ok200, KeyedLimit<MemoryStore>, floodgate_tower::InnerBody>;
+    println!("floodgate: {} bytes", std::mem::size_of::<<L as Service<Request<Body>>>::Future>());
+    println!("inner service: {} bytes", std::mem::size_of::<<Ok200 as Service<Request<Body>>>::Future>());
+    let mut b = tower_governor::governor::GovernorConfigBuilder::default();
+    b.per_nanosecond(1).burst_size(u32::MAX);
+    let mut svc = tower_governor::GovernorLayer::new(b.finish().unwrap()).layer(Ok200);
+    println!("tower_governor: {} bytes", std::mem::size_of_val(&svc.call(request(1))));
 }
