@@ -212,11 +212,13 @@ fn main() {
 /// future at least once (into its own state or a box), and one larger than
 /// 128 bytes is copied by a `memcpy` call.
 fn sizes() {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
     type L = floodgate_tower::RateLimit<Ok200, KeyedLimit<MemoryStore>, floodgate_tower::InnerBody>;
-    println!("floodgate: {} bytes", std::mem::size_of::<<L as Service<Request<Body>>>::Future>());
-    println!("inner service: {} bytes", std::mem::size_of::<<Ok200 as Service<Request<Body>>>::Future>());
+    let _ = writeln!(out, "floodgate: {} bytes", std::mem::size_of::<<L as Service<Request<Body>>>::Future>());
+    let _ = writeln!(out, "inner service: {} bytes", std::mem::size_of::<<Ok200 as Service<Request<Body>>>::Future>());
     let mut b = tower_governor::governor::GovernorConfigBuilder::default();
     b.per_nanosecond(1).burst_size(u32::MAX);
     let mut svc = tower_governor::GovernorLayer::new(b.finish().unwrap()).layer(Ok200);
-    println!("tower_governor: {} bytes", std::mem::size_of_val(&svc.call(request(1))));
+    let _ = writeln!(out, "tower_governor: {} bytes", std::mem::size_of_val(&svc.call(request(1))));
 }

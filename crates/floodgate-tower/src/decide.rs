@@ -333,16 +333,13 @@ impl<S: Store> KeyedLimit<S> {
 }
 
 impl<S: Store> KeyedLimit<S> {
-    /// The answer of the limit's decision for `key`. A store failure goes to
-    /// the limiter's failure policy (open); a decision is answered directly
-    /// (one limit: no verdicts to weigh).
-    fn answer(&self, key: &[u8], result: Result<Decision, StoreError>) -> Answer {
-        let (Ok(decision), Some(limit)) = (&result, &self.rule.limit) else {
-            let key = key_text(key);
-            let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
-            return answer_of_one(&check, &self.limiter.verdict(&check, result));
-        };
-        let d = *decision;
+    /// The answer of the limit's decision (one limit: no verdicts to weigh).
+    /// A struct literal with no other way in, so it is written where the
+    /// caller wants it (an answer built in a temporary and copied out costs
+    /// a `memcpy` call whose loads stall on the stores just made).
+    #[inline(always)]
+    fn answer(&self, d: Decision) -> Answer {
+        let limit = self.limit();
         Answer {
             allowed: d.allowed,
             retry_after: if d.allowed { None } else { d.retry_after },
@@ -356,6 +353,16 @@ impl<S: Store> KeyedLimit<S> {
         }
     }
 
+    /// The answer of a store failure for `key`: the limiter's failure policy
+    /// (open).
+    #[cold]
+    #[inline(never)]
+    fn answer_failed(&self, key: &[u8], result: Result<Decision, StoreError>) -> Answer {
+        let key = key_text(key);
+        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
+        answer_of_one(&check, &self.limiter.verdict(&check, result))
+    }
+
     fn limit(&self) -> &Limit {
         self.rule.limit.as_ref().expect("a KeyedLimit's rule has its limit")
     }
@@ -365,10 +372,16 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
         let mut buf = [0u8; 48];
         let Some(key) = self.key.of(facts, &mut buf)? else { return Ok(Answer::unlimited()) };
-        let result = self.limiter.store().apply(&key_text(&key), self.limit(), 1).await;
-        Ok(self.answer(&key, result))
+        match self.limiter.store().apply(&key_text(&key), self.limit(), 1).await {
+            Ok(decision) => Ok(self.answer(decision)),
+            failed => Ok(self.answer_failed(&key, failed)),
+        }
     }
 
+    // Inlined into the layer's `call`, so the answer is built where the call
+    // reads it: returned, it would be written to a temporary and copied out
+    // (a `memcpy` call whose loads stall on the stores just made).
+    #[inline(always)]
     fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
         let store = self.limiter.store();
         if !store.answers_now() {
@@ -380,8 +393,10 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
             Ok(None) => return Some(Ok(Answer::unlimited())),
             Err(e) => return Some(Err(e.into())),
         };
-        let result = store.apply_bytes_now(&key, self.limit(), 1)?;
-        Some(Ok(self.answer(&key, result)))
+        match store.apply_bytes_now(&key, self.limit(), 1)? {
+            Ok(decision) => Some(Ok(self.answer(decision))),
+            failed => Some(Ok(self.answer_failed(&key, failed))),
+        }
     }
 }
 
