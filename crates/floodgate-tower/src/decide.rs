@@ -221,20 +221,49 @@ impl Key {
         Key::Custom(Arc::new(f))
     }
 
-    /// The key of a request, written into `buf` when it must be formatted
-    /// (an IP address: no allocation), as bytes: a store that keys by bytes
-    /// takes them without a UTF-8 check ([`Store::apply_bytes_now`]); others
-    /// get [`key_text`].
+    /// The key of a request as text (as bytes, for [`key_text`]): an IP
+    /// address written into `buf` (no allocation), for stores keyed by text
+    /// (Redis keys stay readable).
     fn of<'a>(
         &self,
         facts: &'a RequestFacts<'_>,
         buf: &'a mut [u8; 48],
     ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
-        Ok(match self {
-            Key::ClientIp => Some(Cow::Borrowed(ip_text(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))),
+        let Key::ClientIp = self else { return Ok(self.not_ip(facts)) };
+        Ok(Some(Cow::Borrowed(ip_text(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))))
+    }
+
+    /// A header's or a custom key (the same for every store).
+    fn not_ip<'a>(&self, facts: &'a RequestFacts<'_>) -> Option<Cow<'a, [u8]>> {
+        match self {
+            Key::ClientIp => None,
             Key::Header(h) => facts.headers.get(h).map(|v| Cow::Borrowed(v.as_bytes())),
             Key::Custom(f) => f(facts).map(|k| Cow::Owned(k.into_bytes())),
-        })
+        }
+    }
+
+    /// The key of a request for a store keyed by bytes (the in-memory store,
+    /// [`Store::apply_bytes_now`]): an IP address as its 4 (IPv4) or 16
+    /// (IPv6) bytes in `buf`, not its text (which took a tenth of an allowed
+    /// request); the other keys as [`Key::of`]'s. The two lengths keep the
+    /// families apart.
+    #[inline]
+    fn bytes_of<'a>(
+        &self,
+        facts: &'a RequestFacts<'_>,
+        buf: &'a mut [u8; 16],
+    ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
+        let Key::ClientIp = self else { return Ok(self.not_ip(facts)) };
+        Ok(Some(Cow::Borrowed(match facts.client_ip.ok_or(DescriptorError::NoPeerAddress)? {
+            std::net::IpAddr::V4(v4) => {
+                buf[..4].copy_from_slice(&v4.octets());
+                &buf[..4]
+            }
+            std::net::IpAddr::V6(v6) => {
+                *buf = v6.octets();
+                &buf[..]
+            }
+        })))
     }
 }
 
@@ -387,15 +416,22 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         if !store.answers_now() {
             return None;
         }
-        let mut buf = [0u8; 48];
-        let key = match self.key.of(facts, &mut buf) {
+        let mut buf = [0u8; 16];
+        let key = match self.key.bytes_of(facts, &mut buf) {
             Ok(Some(key)) => key,
             Ok(None) => return Some(Ok(Answer::unlimited())),
             Err(e) => return Some(Err(e.into())),
         };
         match store.apply_bytes_now(&key, self.limit(), 1)? {
             Ok(decision) => Some(Ok(self.answer(decision))),
-            failed => Some(Ok(self.answer_failed(&key, failed))),
+            // The failure policy is given the key as text, as it is given
+            // every key.
+            failed => Some(
+                self.key
+                    .of(facts, &mut [0; 48])
+                    .map_err(Into::into)
+                    .map(|key| self.answer_failed(&key.unwrap_or_default(), failed)),
+            ),
         }
     }
 }
@@ -430,6 +466,31 @@ mod tests {
         // The key is the header's text: the same counter as the store's.
         let limit = decider.limit().clone();
         assert!(!decider.store().apply_sync("alice", &limit, 1).unwrap().allowed);
+    }
+
+    #[test]
+    fn client_ips_are_their_address_bytes_in_the_memory_store() {
+        let limit = Limit::new(floodgate_core::Algorithm::FixedWindow, 1, Duration::from_secs(3600)).unwrap();
+        let decider = KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new());
+        let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
+        let allowed = |ip: &str| {
+            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
+            decider.decide_now(&facts).expect("the memory store answers at once").unwrap().allowed
+        };
+        for ip in ["10.0.0.1", "10.0.0.2", "::1", "::ffff:10.0.0.1", "2001:db8::a00:1"] {
+            assert!(allowed(ip), "{ip}: its own counter");
+            assert!(!allowed(ip), "{ip}: spent");
+        }
+        // The keys are the addresses' bytes: four for IPv4, sixteen for IPv6
+        // (the store's own counters, spent above).
+        assert_eq!(decider.store().len(), 5);
+        let limit = decider.limit().clone();
+        let allowed_by_key = |key: &[u8]| decider.store().apply_bytes_now(key, &limit, 1).unwrap().unwrap().allowed;
+        let mut v6_loopback = [0u8; 16];
+        v6_loopback[15] = 1;
+        assert!(!allowed_by_key(&[10, 0, 0, 1]));
+        assert!(!allowed_by_key(&v6_loopback));
+        assert!(allowed_by_key(&[10, 0, 0, 3]));
     }
 
     #[test]
