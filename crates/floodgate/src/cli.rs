@@ -180,12 +180,18 @@ pub(crate) struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// The server: host:port of its gRPC (or, with --protocol json, HTTP) address.
+    /// The server: host:port of its gRPC (or, with --protocol json or get,
+    /// HTTP) address.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub(crate) server: String,
-    /// grpc (RLS ShouldRateLimit) or json (POST /json).
+    /// grpc (RLS ShouldRateLimit), json (POST /json), or get (GET --path on
+    /// any HTTP server, e.g. through `floodgate proxy`: 2xx counts as
+    /// allowed, 429 as denied; no descriptor is sent).
     #[arg(long, default_value = "grpc")]
     pub(crate) protocol: String,
+    /// The path of --protocol get.
+    #[arg(long, default_value = "/")]
+    pub(crate) path: String,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 128)]
     pub(crate) concurrency: usize,

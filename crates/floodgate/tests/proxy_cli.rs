@@ -174,6 +174,14 @@ async fn over_the_limit_is_429_with_headers_and_the_upstream_sees_only_what_pass
     assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
     assert!(r.body.contains("429 Too Many Requests"), "{}", r.body);
     assert_eq!(up.calls.load(Ordering::SeqCst), 3, "a denied request never reaches the upstream");
+    // `floodgate bench --protocol get` (the proxy's benchmark) counts the
+    // proxy's 429s as denials.
+    let addr = p.proxy.clone();
+    let args = ["--path", "/hello", "--duration", "300ms", "--concurrency", "2"];
+    let v = tokio::task::spawn_blocking(move || cli::bench(&addr, "get", &args)).await.unwrap();
+    assert!(v["requests"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!((&v["denied"], &v["allowed"], &v["errors"]), (&v["requests"], &0.into(), &0.into()), "{v}");
+    assert_eq!(up.calls.load(Ordering::SeqCst), 3);
     // The decisions are in the metrics, labelled proxy.
     let metrics = get(&p.http, "/metrics", &[]).await.body;
     assert!(metrics.contains("protocol=\"proxy\""), "{metrics}");

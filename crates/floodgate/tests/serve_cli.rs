@@ -41,6 +41,10 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
         assert!(v["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
         assert!(v["generator_lag_ms"].is_null() && v["service_latency_ms"].is_null(), "no schedule: {v}");
     }
+    // A plain GET of any path (the proxy's benchmark): 2xx is allowed.
+    let v = bench(&s.http, "get", &["--path", "/healthz", "--duration", "300ms", "--concurrency", "2"]);
+    assert!(v["requests"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!((&v["allowed"], &v["errors"]), (&v["requests"], &serde_json::json!(0)), "{v}");
     // Open loop on two sending threads: the schedule sets the count (200/s
     // for as long as it ran, give or take the one due at the start and the
     // pacer noticing the end), and the generator's own lag is reported.
@@ -62,7 +66,7 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
 #[test]
 fn bench_exits_2_when_no_server_answers_and_64_on_bad_flags() {
     let (_held, addr) = cli::refusing_addr();
-    for protocol in ["grpc", "json"] {
+    for protocol in ["grpc", "json", "get"] {
         let (code, _, err) = run(&["bench", "--server", &addr, "--protocol", protocol, "--duration", "1s"]);
         assert_eq!(code, Some(2), "{protocol}: {err}");
         assert!(err.contains("cannot connect"), "{err}");
@@ -79,6 +83,9 @@ fn bench_exits_2_when_no_server_answers_and_64_on_bad_flags() {
         assert_eq!(code, Some(64), "{flag} {value}: {err}");
         assert!(err.contains(flag), "{flag}: {err}");
     }
+    let (code, _, err) = run(&["bench", "--server", &addr, "--protocol", "get", "--path", "healthz"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--path `healthz`: give an absolute path"), "{err}");
 }
 
 #[test]

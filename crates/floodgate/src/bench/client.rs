@@ -6,7 +6,8 @@
 //! buffer task, and so a cross-task hop, in front of every request: on a
 //! two-core machine shared with the server under test, the generator's
 //! own CPU is part of what is measured, so it spends as little as it can.
-//! JSON: `POST /json` over a pool of HTTP/1.1 connections.
+//! JSON: `POST /json` over a pool of HTTP/1.1 connections; `get`: a plain
+//! `GET` of a path (any HTTP server: the proxy's overhead), the same way.
 
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
@@ -28,6 +29,17 @@ use crate::exit::Failure;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// What `floodgate bench` speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Protocol {
+    /// RLS `ShouldRateLimit` over HTTP/2.
+    Grpc,
+    /// `POST /json` over HTTP/1.1.
+    Json,
+    /// `GET` of this path over HTTP/1.1.
+    Get(String),
+}
 
 /// What one request got back.
 pub(super) enum Outcome {
@@ -75,27 +87,27 @@ impl Target {
 /// One sending thread's connections.
 pub(super) enum Client {
     /// HTTP/2 connections; request `n` goes on connection `n % len`.
-    Grpc {
-        conns: Vec<H2>,
-        uri: Uri,
-    },
-    Json {
+    Grpc { conns: Vec<H2>, uri: Uri },
+    Http {
         pool: Box<Pool<HttpConnector, Full<Bytes>>>,
         uri: Uri,
+        /// A plain `GET` (else `POST /json` with the descriptor).
+        get: bool,
     },
 }
 
 impl Client {
     /// Connect `connections` HTTP/2 connections (gRPC), or set up an
-    /// HTTP/1.1 pool of up to `in_flight` connections (JSON) — checked with
-    /// one connection now, so an unreachable server fails the run at once.
+    /// HTTP/1.1 pool of up to `in_flight` connections (JSON, GET) — checked
+    /// with one connection now, so an unreachable server fails the run at
+    /// once.
     pub(super) async fn connect(
         target: &Target,
-        json: bool,
+        protocol: &Protocol,
         connections: usize,
         in_flight: usize,
     ) -> Result<Client, Failure> {
-        if json {
+        if *protocol != Protocol::Grpc {
             tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&target.authority))
                 .await
                 .map_err(|_| Failure::runtime(format!("cannot connect to {}: timed out", target.authority)))?
@@ -104,7 +116,11 @@ impl Client {
             http.set_nodelay(true);
             http.set_connect_timeout(Some(CONNECT_TIMEOUT));
             let pool = Pool::builder(TokioExecutor::new()).pool_max_idle_per_host(in_flight).build(http);
-            return Ok(Client::Json { pool: Box::new(pool), uri: target.uri("/json") });
+            let (uri, get) = match protocol {
+                Protocol::Get(path) => (target.uri(path), true),
+                _ => (target.uri("/json"), false),
+            };
+            return Ok(Client::Http { pool: Box::new(pool), uri, get });
         }
         let mut conns = Vec::with_capacity(connections);
         for _ in 0..connections {
@@ -130,15 +146,19 @@ impl Client {
                     Err(e) => Outcome::Error(e),
                 }
             }
-            Client::Json { pool, uri } => {
-                let body = json!({
-                    "domain": target.domain,
-                    "descriptors": [{"entries": [{"key": target.key, "value": value}]}],
-                })
-                .to_string();
-                let req = Request::post(uri.clone())
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body)));
+            Client::Http { pool, uri, get } => {
+                let req = if *get {
+                    Request::get(uri.clone()).body(Full::new(Bytes::new()))
+                } else {
+                    let body = json!({
+                        "domain": target.domain,
+                        "descriptors": [{"entries": [{"key": target.key, "value": value}]}],
+                    })
+                    .to_string();
+                    Request::post(uri.clone())
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(Full::new(Bytes::from(body)))
+                };
                 let Ok(req) = req else { return Outcome::Error("cannot build the request".into()) };
                 match pool.request(req).await {
                     Ok(resp) => {
@@ -147,6 +167,7 @@ impl Client {
                         let _ = resp.into_body().collect().await;
                         match status.as_u16() {
                             200 => Outcome::Allowed,
+                            _ if *get && status.is_success() => Outcome::Allowed,
                             429 => Outcome::Denied,
                             s => Outcome::Error(format!("HTTP {s}")),
                         }

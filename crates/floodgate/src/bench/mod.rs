@@ -36,7 +36,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::{JoinSet, LocalSet};
 
-use self::client::{Client, Outcome, Target};
+use self::client::{Client, Outcome, Protocol, Target};
 use self::keys::{Keys, Rng};
 use crate::cli::BenchArgs;
 use crate::exit::Failure;
@@ -60,7 +60,7 @@ const MAX_WAITING: usize = 65_536;
 /// Everything a run needs, checked.
 struct Plan {
     target: Target,
-    json: bool,
+    protocol: Protocol,
     threads: usize,
     concurrency: usize,
     connections: usize,
@@ -86,21 +86,27 @@ impl Plan {
         if args.rate == Some(0) {
             return Err(Failure::usage("--rate: give at least 1 request per second"));
         }
-        let json = match args.protocol.as_str() {
-            "grpc" => false,
-            "json" => true,
-            p => return Err(Failure::usage(format!("--protocol `{p}`: use grpc or json"))),
+        let protocol = match args.protocol.as_str() {
+            "grpc" => Protocol::Grpc,
+            "json" => Protocol::Json,
+            "get" if args.path.starts_with('/') && args.path.parse::<hyper::http::uri::PathAndQuery>().is_ok() => {
+                Protocol::Get(args.path.clone())
+            }
+            "get" => {
+                return Err(Failure::usage(format!("--path `{}`: give an absolute path, e.g. /healthz", args.path)));
+            }
+            p => return Err(Failure::usage(format!("--protocol `{p}`: use grpc, json or get"))),
         };
         let target = Target::parse(&args.server, &args.domain, &args.key)?;
         // Every thread gets at least one request in flight and, over gRPC,
         // one connection.
         let mut threads = args.threads.min(args.concurrency);
-        if !json {
+        if protocol == Protocol::Grpc {
             threads = threads.min(args.connections);
         }
         Ok(Plan {
             target,
-            json,
+            protocol,
             threads,
             concurrency: args.concurrency,
             connections: args.connections,
@@ -355,7 +361,7 @@ fn sender_thread(
     let in_flight = plan.share(plan.concurrency, t);
     LocalSet::new().block_on(&rt, async move {
         let connections = plan.share(plan.connections, t);
-        let client = match Client::connect(&plan.target, plan.json, connections, in_flight).await {
+        let client = match Client::connect(&plan.target, &plan.protocol, connections, in_flight).await {
             Ok(client) => client,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -515,7 +521,7 @@ impl Report {
             args.protocol,
             args.server,
             args.concurrency,
-            if plan.json { args.concurrency } else { args.connections },
+            if plan.protocol == Protocol::Grpc { args.connections } else { args.concurrency },
             plan.threads,
             plan.keys.describe(args.keys, &args.distribution),
             self.elapsed.as_secs_f64()
