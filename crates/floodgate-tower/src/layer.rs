@@ -526,6 +526,9 @@ where
 }
 
 /// The request's peer address, from the extensions a server put there.
+/// (Inlined: an address returned through memory is reloaded wide and
+/// stalls.)
+#[inline(always)]
 fn peer_addr(ext: &http::Extensions) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
     if let Some(p) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {

@@ -387,7 +387,11 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.apply_sync(key, limit, hits))
     }
 
-    #[inline]
+    // Always inlined, as `apply_bytes_at` is: returned through memory, the
+    // decision's fields are stored narrow and reloaded wide by the caller,
+    // and the reload stalls (store forwarding fails; the tower layer's
+    // hottest instructions before this).
+    #[inline(always)]
     fn apply_bytes_now(&self, key: &[u8], limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
         Some(self.apply_bytes_at(key, limit, hits, self.clock.now_us()))
     }
