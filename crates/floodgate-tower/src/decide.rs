@@ -425,13 +425,16 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         match store.apply_bytes_now(&key, self.limit(), 1)? {
             Ok(decision) => Some(Ok(self.answer(decision))),
             // The failure policy is given the key as text, as it is given
-            // every key.
-            failed => Some(
-                self.key
-                    .of(facts, &mut [0; 48])
-                    .map_err(Into::into)
-                    .map(|key| self.answer_failed(&key.unwrap_or_default(), failed)),
-            ),
+            // every key: an address's text (the other keys' bytes are their
+            // text already; a custom key is not asked twice).
+            failed => {
+                let mut text = [0u8; 48];
+                let key = match (&self.key, facts.client_ip) {
+                    (Key::ClientIp, Some(ip)) => Cow::Borrowed(ip_text(ip, &mut text)),
+                    _ => key,
+                };
+                Some(Ok(self.answer_failed(&key, failed)))
+            }
         }
     }
 }
