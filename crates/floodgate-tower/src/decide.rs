@@ -221,49 +221,40 @@ impl Key {
         Key::Custom(Arc::new(f))
     }
 
-    /// The key of a request as text (as bytes, for [`key_text`]): an IP
-    /// address written into `buf` (no allocation), for stores keyed by text
-    /// (Redis keys stay readable).
-    fn of<'a>(
+    /// The key of a request as bytes, an IP address written into `buf` by
+    /// `write_ip` (no allocation): [`ip_text`] for stores keyed by text
+    /// (Redis keys stay readable; the bytes go through [`key_text`]),
+    /// [`ip_bytes`] for a store keyed by bytes (the in-memory store,
+    /// [`Store::apply_bytes_now`]). A header's value and a custom key are
+    /// the same bytes for every store.
+    #[inline]
+    fn of<'a, const N: usize>(
         &self,
         facts: &'a RequestFacts<'_>,
-        buf: &'a mut [u8; 48],
+        buf: &'a mut [u8; N],
+        write_ip: fn(std::net::IpAddr, &mut [u8; N]) -> &[u8],
     ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
-        let Key::ClientIp = self else { return Ok(self.not_ip(facts)) };
-        Ok(Some(Cow::Borrowed(ip_text(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))))
-    }
-
-    /// A header's or a custom key (the same for every store).
-    fn not_ip<'a>(&self, facts: &'a RequestFacts<'_>) -> Option<Cow<'a, [u8]>> {
-        match self {
-            Key::ClientIp => None,
+        Ok(match self {
+            Key::ClientIp => Some(Cow::Borrowed(write_ip(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))),
             Key::Header(h) => facts.headers.get(h).map(|v| Cow::Borrowed(v.as_bytes())),
             Key::Custom(f) => f(facts).map(|k| Cow::Owned(k.into_bytes())),
-        }
+        })
     }
+}
 
-    /// The key of a request for a store keyed by bytes (the in-memory store,
-    /// [`Store::apply_bytes_now`]): an IP address as its 4 (IPv4) or 16
-    /// (IPv6) bytes in `buf`, not its text (which took a tenth of an allowed
-    /// request); the other keys as [`Key::of`]'s. The two lengths keep the
-    /// families apart.
-    #[inline]
-    fn bytes_of<'a>(
-        &self,
-        facts: &'a RequestFacts<'_>,
-        buf: &'a mut [u8; 16],
-    ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
-        let Key::ClientIp = self else { return Ok(self.not_ip(facts)) };
-        Ok(Some(Cow::Borrowed(match facts.client_ip.ok_or(DescriptorError::NoPeerAddress)? {
-            std::net::IpAddr::V4(v4) => {
-                buf[..4].copy_from_slice(&v4.octets());
-                &buf[..4]
-            }
-            std::net::IpAddr::V6(v6) => {
-                *buf = v6.octets();
-                &buf[..]
-            }
-        })))
+/// `ip` as its 4 (IPv4) or 16 (IPv6) bytes in `buf`: the in-memory store's
+/// key for an address (its text took a tenth of an allowed request). The two
+/// lengths keep the families apart.
+fn ip_bytes(ip: std::net::IpAddr, buf: &mut [u8; 16]) -> &[u8] {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            buf[..4].copy_from_slice(&v4.octets());
+            &buf[..4]
+        }
+        std::net::IpAddr::V6(v6) => {
+            *buf = v6.octets();
+            &buf[..]
+        }
     }
 }
 
@@ -400,7 +391,7 @@ impl<S: Store> KeyedLimit<S> {
 impl<S: Store + 'static> Decide for KeyedLimit<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
         let mut buf = [0u8; 48];
-        let Some(key) = self.key.of(facts, &mut buf)? else { return Ok(Answer::unlimited()) };
+        let Some(key) = self.key.of(facts, &mut buf, ip_text)? else { return Ok(Answer::unlimited()) };
         match self.limiter.store().apply(&key_text(&key), self.limit(), 1).await {
             Ok(decision) => Ok(self.answer(decision)),
             failed => Ok(self.answer_failed(&key, failed)),
@@ -417,7 +408,7 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
             return None;
         }
         let mut buf = [0u8; 16];
-        let key = match self.key.bytes_of(facts, &mut buf) {
+        let key = match self.key.of(facts, &mut buf, ip_bytes) {
             Ok(Some(key)) => key,
             Ok(None) => return Some(Ok(Answer::unlimited())),
             Err(e) => return Some(Err(e.into())),
