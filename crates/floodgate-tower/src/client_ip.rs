@@ -154,10 +154,24 @@ impl TrustedProxies {
         if self.networks.is_empty() {
             return peer;
         }
-        self.forwarded_client(peer, headers)
+        // The walk's answer comes back as 128 bits in registers: returned
+        // as an `IpAddr`, it comes through memory, where the layer's hot path
+        // (no proxy trusted) then kept `peer` too, and read it back wider
+        // than it was written (a store-forwarding stall of ~10 ns a request).
+        canonical(IpAddr::V6(Ipv6Addr::from_bits(self.forwarded_client(peer, headers))))
     }
 
-    fn forwarded_client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// [`TrustedProxies::client_ip`] past the check for an empty list, as
+    /// the bits of an IPv6 address (IPv4 addresses mapped).
+    fn forwarded_client(&self, peer: IpAddr, headers: &HeaderMap) -> u128 {
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().to_bits(),
+            IpAddr::V6(v6) => v6.to_bits(),
+        };
+        bits(self.walk(peer, headers))
+    }
+
+    fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.contains(peer) {
             return peer;
         }

@@ -413,12 +413,13 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
             Ok(None) => return Some(Ok(Answer::unlimited())),
             Err(e) => return Some(Err(e.into())),
         };
-        match store.apply_bytes_now(&key, self.limit(), 1)? {
-            Ok(decision) => Some(Ok(self.answer(decision))),
-            // The failure policy is given the key as text, as it is given
-            // every key: an address's text (the other keys' bytes are their
-            // text already; a custom key is not asked twice).
-            failed => {
+        // The store writes the decision here, a local the answer is built
+        // from field by field (no copy through memory).
+        let mut d = Decision::default();
+        match store.apply_bytes_now(&key, self.limit(), 1, &mut d)? {
+            Ok(()) => Some(Ok(self.answer(d))),
+            Err(e) => {
+                let failed = Err(e);
                 let mut text = [0u8; 48];
                 let key = match (&self.key, facts.client_ip) {
                     (Key::ClientIp, Some(ip)) => Cow::Borrowed(ip_text(ip, &mut text)),
@@ -479,7 +480,11 @@ mod tests {
         // (the store's own counters, spent above).
         assert_eq!(decider.store().len(), 5);
         let limit = decider.limit().clone();
-        let allowed_by_key = |key: &[u8]| decider.store().apply_bytes_now(key, &limit, 1).unwrap().unwrap().allowed;
+        let allowed_by_key = |key: &[u8]| {
+            let mut d = Decision::default();
+            decider.store().apply_bytes_now(key, &limit, 1, &mut d).unwrap().unwrap();
+            d.allowed
+        };
         let mut v6_loopback = [0u8; 16];
         v6_loopback[15] = 1;
         assert!(!allowed_by_key(&[10, 0, 0, 1]));

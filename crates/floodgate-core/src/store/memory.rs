@@ -193,12 +193,29 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`MemoryStore::apply_at`] for a key given as bytes (any bytes: the
     /// store compares and hashes keys as bytes; a `&str` key is its UTF-8).
-    // Always inlined (the rare insert is out of line): called out of line,
-    // the `Decision` was built in a temporary and copied to the caller,
-    // and that copy's wide loads over the one-byte `allowed` store stalled
-    // a one-key decision by a fifth (BENCHMARKS.md, "Core").
     #[inline(always)]
     pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
+        let mut d = Decision::default();
+        self.apply_bytes_into_at(key, limit, hits, now_us, &mut d)?;
+        Ok(d)
+    }
+
+    /// [`MemoryStore::apply_bytes_at`], the decision written into `out`
+    /// (left as it was on an error).
+    // Always inlined (the rare insert is out of line), and the decision
+    // written where the caller keeps it: returned, it was built in a
+    // temporary and copied out, and the copy's wide loads over the narrow
+    // stores just made (the one-byte `allowed`) stalled a one-key decision
+    // by a fifth (BENCHMARKS.md, "Core") and the tower layer's by ~20 ns.
+    #[inline(always)]
+    pub fn apply_bytes_into_at(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        hits: u64,
+        now_us: u64,
+        out: &mut Decision,
+    ) -> Result<(), StoreError> {
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
@@ -207,14 +224,15 @@ impl<C: Clock> MemoryStore<C> {
                 slot.state = State::new();
                 slot.fp = limit.fingerprint();
             }
-            let d = limit.apply(&mut slot.state, now_us, hits);
+            limit.apply_into(&mut slot.state, now_us, hits, out);
             // A denial or a peek leaves the state, and so its expiry, as it was.
-            if d.allowed && hits > 0 {
-                slot.expires_s = expiry_s(now_us, &d);
+            if out.allowed && hits > 0 {
+                slot.expires_s = expiry_s(now_us, out);
             }
-            return Ok(d);
+            return Ok(());
         }
-        self.insert_at(shard, &probe, hash, limit, hits, now_us)
+        *out = self.insert_at(shard, &probe, hash, limit, hits, now_us)?;
+        Ok(())
     }
 
     /// The rest of [`MemoryStore::apply_bytes_at`] for a key the shard does
@@ -387,13 +405,17 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.apply_sync(key, limit, hits))
     }
 
-    // Always inlined, as `apply_bytes_at` is: returned through memory, the
-    // decision's fields are stored narrow and reloaded wide by the caller,
-    // and the reload stalls (store forwarding fails; the tower layer's
-    // hottest instructions before this).
+    // Always inlined, as `apply_bytes_into_at` is (the decision is written
+    // where the caller keeps it).
     #[inline(always)]
-    fn apply_bytes_now(&self, key: &[u8], limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-        Some(self.apply_bytes_at(key, limit, hits, self.clock.now_us()))
+    fn apply_bytes_now(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        hits: u64,
+        out: &mut Decision,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.apply_bytes_into_at(key, limit, hits, self.clock.now_us(), out))
     }
 
     #[inline]
@@ -496,17 +518,21 @@ mod tests {
     fn a_key_and_its_bytes_are_one_key_and_any_bytes_are_a_key() {
         let store = MemoryStore::builder().clock(crate::ManualClock::new(0)).build();
         let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
-        let remaining = |r: Option<Result<Decision, StoreError>>| r.unwrap().unwrap().remaining;
-        assert_eq!(remaining(store.apply_now("alice", &limit, 1)), 1);
-        assert_eq!(remaining(store.apply_bytes_now(b"alice", &limit, 1)), 0);
+        let remaining = |key: &[u8]| {
+            let mut d = Decision::default();
+            store.apply_bytes_now(key, &limit, 1, &mut d).unwrap().unwrap();
+            d.remaining
+        };
+        assert_eq!(store.apply_now("alice", &limit, 1).unwrap().unwrap().remaining, 1);
+        assert_eq!(remaining(b"alice"), 0);
         // Not UTF-8, and two values that would read alike as lossy text.
-        assert_eq!(remaining(store.apply_bytes_now(b"\xff", &limit, 1)), 1);
-        assert_eq!(remaining(store.apply_bytes_now(b"\xfe", &limit, 1)), 1);
-        assert_eq!(remaining(store.apply_bytes_now(b"\xff", &limit, 1)), 0);
+        assert_eq!(remaining(b"\xff"), 1);
+        assert_eq!(remaining(b"\xfe"), 1);
+        assert_eq!(remaining(b"\xff"), 0);
         // Long keys (on the heap) too.
         let long = [0xffu8; 40];
-        assert_eq!(remaining(store.apply_bytes_now(&long, &limit, 1)), 1);
-        assert_eq!(remaining(store.apply_bytes_now(&long, &limit, 1)), 0);
+        assert_eq!(remaining(&long), 1);
+        assert_eq!(remaining(&long), 0);
         assert_eq!(store.len(), 4);
     }
 
@@ -531,9 +557,11 @@ mod tests {
     fn a_text_store_takes_utf8_bytes_and_declines_others() {
         let store = TextOnly(MemoryStore::new());
         let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
-        assert!(store.apply_bytes_now("caf\u{e9}".as_bytes(), &limit, 1).is_some());
+        let mut d = Decision::default();
+        assert_eq!(store.apply_bytes_now("caf\u{e9}".as_bytes(), &limit, 1, &mut d), Some(Ok(())));
+        assert_eq!(d.remaining, 1, "the decision is written out");
         assert_eq!(store.0.apply_sync("caf\u{e9}", &limit, 1).unwrap().remaining, 0, "the same key");
-        assert!(store.apply_bytes_now(b"\xff", &limit, 1).is_none(), "declined: ask apply");
+        assert!(store.apply_bytes_now(b"\xff", &limit, 1, &mut d).is_none(), "declined: ask apply");
         assert_eq!(store.0.len(), 1, "nothing counted for the declined key");
     }
 

@@ -50,14 +50,21 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// [`Store::apply_now`] for a key given as bytes, for callers that write
-    /// keys into a buffer (the tower layer's client-IP keys) and would
-    /// otherwise check them as UTF-8 first. A store that keys by bytes (the
+    /// [`Store::apply_now`] for a key given as bytes, the decision written
+    /// into `out` (left as it was unless `Some(Ok(()))`): for callers that
+    /// write keys into a buffer (the tower layer's client-IP keys) and keep
+    /// the decision in a larger answer. A store that keys by bytes (the
     /// in-memory store) takes them as they are; the default asks
     /// [`Store::apply_now`] with the key as text, and declines (`None`) a key
     /// that is not UTF-8. A `&str` key and its bytes are the same key.
-    fn apply_bytes_now(&self, key: &[u8], limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-        self.apply_now(std::str::from_utf8(key).ok()?, limit, hits)
+    fn apply_bytes_now(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        hits: u64,
+        out: &mut Decision,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.apply_now(std::str::from_utf8(key).ok()?, limit, hits)?.map(|d| *out = d))
     }
 
     /// [`Store::apply_all`] without waiting, as [`Store::apply_now`]: `false`
