@@ -293,6 +293,32 @@ mod tests {
     }
 
     #[test]
+    fn addresses_keep_their_family_through_the_walk() {
+        // The walk hands its answer back as IPv6 bits: each family must
+        // come out as it went in.
+        let t = TrustedProxies::parse_list("10.0.0.0/8, 2001:db8::/32").unwrap();
+        let cases = [
+            ("203.0.113.9", "203.0.113.9"),
+            ("2001:db9::1", "2001:db9::1"),
+            // IPv4-mapped: the IPv4 client, as a dual-stack socket means it.
+            ("::ffff:203.0.113.9", "203.0.113.9"),
+            // IPv4-compatible (deprecated) stays IPv6, as does `::`.
+            ("::203.0.113.9", "::203.0.113.9"),
+            ("::", "::"),
+            ("0.0.0.0", "0.0.0.0"),
+        ];
+        for (hop, client) in cases {
+            let h = headers("x-forwarded-for", &[hop]);
+            for peer in ["10.0.0.1", "2001:db8::2", "::ffff:10.0.0.1"] {
+                assert_eq!(t.client_ip(ip(peer), &h), ip(client), "{hop} via {peer}");
+            }
+        }
+        // A trusted peer with no header is itself, in its own family.
+        assert_eq!(t.client_ip(ip("2001:db8::2"), &HeaderMap::new()), ip("2001:db8::2"));
+        assert_eq!(t.client_ip(ip("::ffff:10.0.0.1"), &HeaderMap::new()), ip("10.0.0.1"));
+    }
+
+    #[test]
     fn forwarded_is_read_only_when_configured() {
         let t = TrustedProxies::parse_list("10.0.0.0/8").unwrap().header(ForwardedHeader::Forwarded);
         let h = headers("forwarded", &["for=6.6.6.6, for=\"[2001:db8::17]:4711\";proto=https", "for=10.0.0.2;by=x"]);
