@@ -418,6 +418,9 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         let mut d = Decision::default();
         match store.apply_bytes_now(&key, self.limit(), 1, &mut d)? {
             Ok(()) => Some(Ok(self.answer(d))),
+            // The failure policy is given the key as text, as it is given
+            // every key: an address's text (the other keys' bytes are their
+            // text already; a custom key is not asked twice).
             Err(e) => {
                 let failed = Err(e);
                 let mut text = [0u8; 48];
