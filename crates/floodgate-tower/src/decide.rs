@@ -377,10 +377,10 @@ impl<S: Store> KeyedLimit<S> {
     /// (open).
     #[cold]
     #[inline(never)]
-    fn answer_failed(&self, key: &[u8], result: Result<Decision, StoreError>) -> Answer {
+    fn answer_failed(&self, key: &[u8], error: StoreError) -> Answer {
         let key = key_text(key);
         let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
-        answer_of_one(&check, &self.limiter.verdict(&check, result))
+        answer_of_one(&check, &self.limiter.verdict(&check, Err(error)))
     }
 
     fn limit(&self) -> &Limit {
@@ -394,7 +394,7 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         let Some(key) = self.key.of(facts, &mut buf, ip_text)? else { return Ok(Answer::unlimited()) };
         match self.limiter.store().apply(&key_text(&key), self.limit(), 1).await {
             Ok(decision) => Ok(self.answer(decision)),
-            failed => Ok(self.answer_failed(&key, failed)),
+            Err(e) => Ok(self.answer_failed(&key, e)),
         }
     }
 
@@ -422,13 +422,12 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
             // every key: an address's text (the other keys' bytes are their
             // text already; a custom key is not asked twice).
             Err(e) => {
-                let failed = Err(e);
                 let mut text = [0u8; 48];
                 let key = match (&self.key, facts.client_ip) {
                     (Key::ClientIp, Some(ip)) => Cow::Borrowed(ip_text(ip, &mut text)),
                     _ => key,
                 };
-                Some(Ok(self.answer_failed(&key, failed)))
+                Some(Ok(self.answer_failed(&key, e)))
             }
         }
     }
