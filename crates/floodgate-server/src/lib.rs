@@ -17,6 +17,7 @@ mod runtimes;
 pub mod serve;
 pub mod service;
 pub mod store;
+mod upstream;
 
 use floodgate_core::{MemoryStore, Store, SystemClock};
 

@@ -29,16 +29,14 @@ use bytes::Bytes;
 use floodgate_core::Store;
 use floodgate_tower::{
     Answer, Decide, DecideError, Headline, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
-    descriptor_templates,
+    descriptor_templates, ip_str,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -48,6 +46,7 @@ use tower_service::Service as _;
 use crate::metrics::Protocol;
 use crate::runtimes;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
+use crate::upstream::Pool;
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
@@ -105,16 +104,21 @@ impl FromStr for Upstream {
 }
 
 impl Upstream {
-    /// Where a request for `path` (its path and query; `None`: `/`) goes.
-    /// Without a base path, the request's own path and query are reused as
-    /// they are (no text formatted or parsed again per request).
-    fn uri_for(&self, path: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+    /// The origin-form target (`/path?query`) of a request for `uri`: its
+    /// own when there is no base path and it is origin-form already (no
+    /// text formatted or parsed again per request), else its path and
+    /// query under the base.
+    fn target_of(&self, uri: &Uri) -> Result<Uri, http::Error> {
+        if self.base.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
+            return Ok(uri.clone());
+        }
+        let path = uri.path_and_query();
         let path = match (path, self.base.is_empty()) {
             (Some(p), true) => p.clone(),
             (None, true) => PathAndQuery::from_static("/"),
             (p, false) => PathAndQuery::try_from(format!("{}{}", self.base, p.map_or("/", PathAndQuery::as_str)))?,
         };
-        Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(path).build()
+        Ok(Uri::from(path))
     }
 }
 
@@ -211,8 +215,9 @@ pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 /// layer). Never fails: upstream errors become 502 and 504 responses.
 #[derive(Clone)]
 pub struct Forward {
-    client: Client<HttpConnector, Incoming>,
+    pool: Arc<Pool>,
     upstream: Arc<Upstream>,
+    host: HeaderValue,
     timeout: Duration,
 }
 
@@ -223,47 +228,44 @@ impl fmt::Debug for Forward {
 }
 
 impl Forward {
-    /// Forward to `upstream`, waiting at most `timeout` for its response head.
+    /// Forward to `upstream`, waiting at most `timeout` for its response
+    /// head (connecting included).
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        Self { client, upstream: Arc::new(upstream), timeout }
+        let pool = Pool::new(upstream.authority.clone(), timeout);
+        // An authority is valid header text.
+        let host = HeaderValue::from_str(upstream.authority.as_str()).unwrap_or(HeaderValue::from_static("localhost"));
+        Self { pool, upstream: Arc::new(upstream), host, timeout }
     }
 
     /// The same settings over a connection pool of its own (one per
     /// runtime: a pool's connections live on the runtime that opened them).
     pub fn with_own_pool(&self) -> Self {
-        Self::new(Upstream::clone(&self.upstream), self.timeout)
+        Self { pool: Pool::new(self.upstream.authority.clone(), self.timeout), ..self.clone() }
     }
 
     async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let Ok(uri) = self.upstream.uri_for(req.uri().path_and_query()) else {
+        let Ok(target) = self.upstream.target_of(req.uri()) else {
             let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
             return local(StatusCode::BAD_REQUEST, format!("400 Bad Request: cannot forward the path `{path}`\n"));
         };
-        // HTTP/2 clients send no Host: keep the authority they asked for.
-        if !req.headers().contains_key(header::HOST)
-            && let Some(v) = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        {
-            req.headers_mut().insert(header::HOST, v);
+        // HTTP/2 clients send no Host: keep the authority they asked for;
+        // failing that (HTTP/1.0), name the upstream.
+        if !req.headers().contains_key(header::HOST) {
+            let host = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+            req.headers_mut().insert(header::HOST, host.unwrap_or_else(|| self.host.clone()));
         }
-        *req.uri_mut() = uri;
+        *req.uri_mut() = target;
         *req.version_mut() = Version::HTTP_11;
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         if let Some(ip) = peer {
             append_forwarded_for(headers, ip);
         }
-        if !headers.contains_key("x-forwarded-proto") {
-            headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         }
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
             Ok(Ok(resp)) => {
                 let mut resp = resp.map(BodyExt::boxed);
                 strip_hop_by_hop(resp.headers_mut());
@@ -317,8 +319,14 @@ fn local(status: StatusCode, text: String) -> Response<ProxyBody> {
 }
 
 /// Remove the hop-by-hop headers (RFC 9110 7.6.1): `Connection` and those it
-/// names, and the fixed list.
+/// names, and the fixed list. Most messages carry none, and one pass over
+/// their names (standard names compare as numbers) finds that out: removing
+/// each of the list by its text looked every name up again (a twelfth of
+/// the proxy's instructions per request).
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -329,30 +337,43 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
+    let fixed: Vec<HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    for name in fixed {
         headers.remove(name);
     }
 }
 
+/// A header that only concerns one connection (RFC 9110 7.6.1), besides
+/// those `Connection` names.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == header::CONNECTION
+        || *name == header::TE
+        || *name == header::TRAILER
+        || *name == header::TRANSFER_ENCODING
+        || *name == header::UPGRADE
+        || *name == header::PROXY_AUTHENTICATE
+        || *name == header::PROXY_AUTHORIZATION
+        || *name == "keep-alive"
+        || *name == "proxy-connection"
+}
+
 /// Append the peer to `X-Forwarded-For` (one header line, the list kept).
 fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr) {
-    let prior: Vec<String> =
-        headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).map(str::to_owned).collect();
-    let value = if prior.is_empty() { ip.to_string() } else { format!("{}, {ip}", prior.join(", ")) };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert("x-forwarded-for", v);
+    let mut value = Vec::with_capacity(64);
+    for prior in headers.get_all(X_FORWARDED_FOR) {
+        if let Ok(prior) = prior.to_str() {
+            value.extend_from_slice(prior.as_bytes());
+            value.extend_from_slice(b", ");
+        }
+    }
+    value.extend_from_slice(ip_str(ip, &mut [0; 48]).as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Serve the proxy on `listener` until `stop` reads true; then stop
 /// accepting and let open connections finish their requests.
@@ -429,18 +450,19 @@ mod tests {
 
     #[test]
     fn request_paths_go_under_the_upstreams_base() {
-        let pq = |s: &str| PathAndQuery::try_from(s).unwrap();
         let bare: Upstream = "http://127.0.0.1:3000".parse().unwrap();
         let based: Upstream = "http://127.0.0.1:3000/api/".parse().unwrap();
-        for (u, path, want) in [
-            (&bare, Some("/a/b?x=1&y"), "http://127.0.0.1:3000/a/b?x=1&y"),
-            (&bare, None, "http://127.0.0.1:3000/"),
-            (&based, Some("/a?x=1"), "http://127.0.0.1:3000/api/a?x=1"),
-            (&based, Some("/"), "http://127.0.0.1:3000/api/"),
-            (&based, None, "http://127.0.0.1:3000/api/"),
+        for (u, uri, want) in [
+            (&bare, "/a/b?x=1&y", "/a/b?x=1&y"),
+            // HTTP/2 requests come in absolute form.
+            (&bare, "http://svc/a?x=1", "/a?x=1"),
+            (&bare, "http://svc", "/"),
+            (&based, "/a?x=1", "/api/a?x=1"),
+            (&based, "/", "/api/"),
+            (&based, "http://svc", "/api/"),
         ] {
-            let p = path.map(pq);
-            assert_eq!(u.uri_for(p.as_ref()).unwrap().to_string(), want, "{u} {path:?}");
+            let uri: Uri = uri.parse().unwrap();
+            assert_eq!(u.target_of(&uri).unwrap().to_string(), want, "{u} {uri}");
         }
     }
 
@@ -475,5 +497,16 @@ mod tests {
         assert!(h.get("connection").is_none() && h.get("x-secret").is_none() && h.get("te").is_none());
         assert_eq!(h.get("x-keep").unwrap(), "1");
         assert_eq!(h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(), ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
+
+        // Without `Connection`, the fixed list still goes; the rest stays.
+        let mut h = HeaderMap::new();
+        for (name, value) in [("keep-alive", "timeout=5"), ("Proxy-Connection", "keep-alive"), ("upgrade", "h2c")] {
+            h.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static(value));
+        }
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(HeaderName::as_str).collect::<Vec<_>>(), ["x-keep"]);
+        append_forwarded_for(&mut h, "::1".parse().unwrap());
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "::1");
     }
 }

@@ -63,7 +63,7 @@ pub fn build(templates: &[RequestDescriptor], facts: &RequestFacts<'_>) -> Resul
             match action {
                 Action::RemoteAddress => {
                     let ip = facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?;
-                    entries.push(("remote_address".to_owned(), ip.to_string()));
+                    entries.push(("remote_address".to_owned(), crate::ip_str(ip, &mut [0; 48]).to_owned()));
                 }
                 Action::GenericKey { key, value } => entries.push((key.clone(), value.clone())),
                 Action::RequestHeader { header, key, skip_if_absent } => match header_value(facts, header) {

@@ -32,7 +32,7 @@ mod layer;
 mod throttle;
 
 pub use client_ip::{Cidr, CidrError, ForwardedHeader, TrustedProxies};
-pub use decide::{Answer, Decide, DecideError, Headline, Key, KeyFn, KeyedLimit, RulesDecider};
+pub use decide::{Answer, Decide, DecideError, Headline, Key, KeyFn, KeyedLimit, RulesDecider, ip_str};
 pub use descriptors::{
     DescriptorError, Entries, RequestFacts, build as build_descriptors, default_descriptors,
     templates as descriptor_templates,
