@@ -267,10 +267,19 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
+    /// When the test upstream hangs up on a connection.
+    #[derive(Clone, Copy)]
+    enum Hangup {
+        Never,
+        /// Once it has been idle this long.
+        Idle(Duration),
+        /// After each response, saying `connection: close`.
+        Close,
+    }
+
     /// An upstream answering each request on a connection with `body`;
-    /// counts the connections it accepted. With `close_after`, it hangs up
-    /// on a connection idle that long.
-    async fn upstream(body: &'static str, close_after: Option<Duration>) -> (Authority, Arc<AtomicUsize>) {
+    /// counts the connections it accepted.
+    async fn upstream(body: &'static str, hangup: Hangup) -> (Authority, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -283,12 +292,12 @@ mod tests {
                     let mut buf = vec![0u8; 4096];
                     let mut have = Vec::new();
                     loop {
-                        let read = match close_after {
-                            Some(t) => match tokio::time::timeout(t, s.read(&mut buf)).await {
+                        let read = match hangup {
+                            Hangup::Idle(t) => match tokio::time::timeout(t, s.read(&mut buf)).await {
                                 Ok(r) => r,
                                 Err(_) => return,
                             },
-                            None => s.read(&mut buf).await,
+                            _ => s.read(&mut buf).await,
                         };
                         let n = match read {
                             Ok(0) | Err(_) => return,
@@ -297,8 +306,10 @@ mod tests {
                         have.extend_from_slice(&buf[..n]);
                         while let Some(end) = have.windows(4).position(|w| w == b"\r\n\r\n") {
                             have.drain(..end + 4);
-                            let resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-                            if s.write_all(resp.as_bytes()).await.is_err() {
+                            let close = if matches!(hangup, Hangup::Close) { "connection: close\r\n" } else { "" };
+                            let resp =
+                                format!("HTTP/1.1 200 OK\r\n{close}content-length: {}\r\n\r\n{body}", body.len());
+                            if s.write_all(resp.as_bytes()).await.is_err() || !close.is_empty() {
                                 return;
                             }
                         }
@@ -321,7 +332,9 @@ mod tests {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let pool = Arc::clone(&pool);
                     async move {
-                        let resp = pool.send(req).await.map_err(|e| e.to_string())?;
+                        let mut resp = pool.send(req).await.map_err(|e| e.to_string())?;
+                        // The upstream's hop-by-hop header is not for this client.
+                        resp.headers_mut().remove(http::header::CONNECTION);
                         Ok::<_, String>(resp)
                     }
                 });
@@ -351,7 +364,7 @@ mod tests {
     async fn one_connection_serves_requests_in_turn() {
         // An empty body is never polled: its drop gives the connection back.
         for body in ["hello", ""] {
-            let (up, accepted) = upstream(body, None).await;
+            let (up, accepted) = upstream(body, Hangup::Never).await;
             let pool = Pool::new(up, Duration::from_secs(2));
             let mut c = client(through(Arc::clone(&pool)).await).await;
             for _ in 0..50 {
@@ -364,7 +377,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn connections_the_upstream_closed_are_replaced() {
-        let (up, accepted) = upstream("hi", Some(Duration::from_millis(30))).await;
+        let (up, accepted) = upstream("hi", Hangup::Idle(Duration::from_millis(30))).await;
         let pool = Pool::new(up, Duration::from_secs(2));
         let mut c = client(through(Arc::clone(&pool)).await).await;
         for _ in 0..5 {
@@ -375,8 +388,20 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_the_upstream_says_it_closes_is_not_kept() {
+        let (up, accepted) = upstream("bye", Hangup::Close).await;
+        let pool = Pool::new(up, Duration::from_secs(2));
+        let mut c = client(through(Arc::clone(&pool)).await).await;
+        for _ in 0..10 {
+            assert_eq!(get(&mut c).await, (200, "bye".to_owned()));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 10);
+        assert_eq!(pool.idle_len(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn concurrent_requests_open_more_connections_and_keep_some() {
-        let (up, accepted) = upstream("x", None).await;
+        let (up, accepted) = upstream("x", Hangup::Never).await;
         let pool = Pool::new(up.clone(), Duration::from_secs(2));
         let bounded = Arc::new(Pool { max_idle: 2, ..Arc::into_inner(Pool::new(up, Duration::from_secs(2))).unwrap() });
         let addr = through(Arc::clone(&pool)).await;
@@ -403,7 +428,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn idle_connections_expire() {
-        let (up, _) = upstream("x", None).await;
+        let (up, _) = upstream("x", Hangup::Never).await;
         let pool = Pool::new(up, Duration::from_secs(2));
         let mut c = client(through(Arc::clone(&pool)).await).await;
         get(&mut c).await;
