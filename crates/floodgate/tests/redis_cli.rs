@@ -1,7 +1,7 @@
-//! `floodgate serve --store redis://…` through the real binary: several
-//! instances enforce one limit together, exactly, and a Redis that dies
-//! under load costs no hang and no panic: each rule's failure policy
-//! answers, and decisions are exact again once Redis is back.
+//! `floodgate serve --store redis://…` (and `floodgate proxy`) through the
+//! real binary: several instances enforce one limit together, exactly, and
+//! a Redis that dies under load costs no hang and no panic: each rule's
+//! failure policy answers, and decisions are exact again once Redis is back.
 
 mod cli;
 mod common;
@@ -141,6 +141,53 @@ fn a_dead_redis_gets_each_rules_failure_policy_then_exact_decisions_again() {
     assert_eq!(allowed, 40, "Redis decides again, with the whole limit");
     let (_, metrics) = http_get(&s.http, "/metrics");
     assert!(metrics.contains("floodgate_redis_breaker_open 0"), "{metrics}");
+}
+
+const PROXY_RULES: &str = "domain: proxy
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 6, name: per_client}
+---
+domain: open
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 6}
+---
+domain: strict
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 6, failure_mode: closed}
+";
+
+#[test]
+fn two_proxies_on_one_redis_share_each_clients_limit_and_a_dead_redis_gets_the_failure_policy() {
+    let mut redis = RedisServer::start();
+    let up = Served::start("proxy-redis-up", "domain: none\ndescriptors: []\n", &[]);
+    let upstream = format!("http://{}", up.http);
+    let proxy = |name, domain| {
+        let args = ["--store", &redis.url(), "--redis-timeout", "200ms", "--domain", domain];
+        Served::proxy(name, PROXY_RULES, &upstream, &args)
+    };
+    let (a, b) = (proxy("proxy-redis-a", "proxy"), proxy("proxy-redis-b", "proxy"));
+    let (open, strict) = (proxy("proxy-redis-open", "open"), proxy("proxy-redis-strict", "strict"));
+    // One client (127.0.0.1) through both: 6 in all, then 429s from either.
+    let codes: Vec<u16> = [&a, &b].iter().cycle().take(10).map(|p| http_get(&p.proxy, "/healthz").0).collect();
+    assert_eq!(codes, [200, 200, 200, 200, 200, 200, 429, 429, 429, 429]);
+    for p in [&open, &strict] {
+        assert_eq!(http_get(&p.proxy, "/healthz").0, 200, "Redis up: allowed");
+    }
+
+    // Redis gone: each answer within the timeout, by the rule's policy
+    // (failure_mode open by default; closed denies).
+    redis.kill();
+    for (p, want) in [(&open, 200), (&strict, 429)] {
+        let started = Instant::now();
+        let (code, body) = http_get(&p.proxy, "/healthz");
+        assert_eq!(code, want, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(2), "waited {:?} for a dead Redis", started.elapsed());
+    }
+    // A client already over its limit stays denied (the over-limit cache).
+    assert_eq!(http_get(&a.proxy, "/healthz").0, 429);
 }
 
 /// A plain HTTP/1.1 GET: (status, body).
