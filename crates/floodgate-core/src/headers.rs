@@ -195,24 +195,52 @@ const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
 
 /// `n` in decimal, two digits at a time (a response carries up to five
 /// numbers, written on every request).
-fn write_u64(mut n: u64, out: &mut Vec<u8>) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    while n >= 100 {
-        let pair = 2 * (n % 100) as usize;
-        n /= 100;
-        i -= 2;
-        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+fn write_u64(n: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(Decimal::of(n).as_bytes());
+}
+
+/// A number's decimal digits, written without `fmt` (header values and
+/// counter keys are built on every decision).
+pub(crate) struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    /// `n`'s digits, two at a time.
+    #[inline]
+    pub(crate) fn of(mut n: u64) -> Self {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        while n >= 100 {
+            let pair = 2 * (n % 100) as usize;
+            n /= 100;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = 2 * n as usize;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            i -= 1;
+            digits[i] = b'0' + n as u8;
+        }
+        Decimal { digits, start: i }
     }
-    if n >= 10 {
-        let pair = 2 * n as usize;
-        i -= 2;
-        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    } else {
-        i -= 1;
-        digits[i] = b'0' + n as u8;
+
+    /// The digits, as bytes.
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
     }
-    out.extend_from_slice(&digits[i..]);
+
+    /// The digits, as text.
+    #[inline]
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII digits are ever written.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
 }
 
 /// `s` as an RFC 8941 sf-string: printable ASCII in quotes, `"` and `\`

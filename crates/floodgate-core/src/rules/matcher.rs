@@ -167,19 +167,7 @@ fn counter_key_shared<K: AsRef<str>, V: AsRef<str>>(
 
 /// `{len}:{s}` (built on every decision: `write!` cost a tenth of one).
 fn push_len_prefixed(key: &mut String, s: &str) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = s.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Always ASCII digits.
-    key.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
+    key.push_str(crate::headers::Decimal::of(s.len() as u64).as_str());
     key.push(':');
     key.push_str(s);
 }
