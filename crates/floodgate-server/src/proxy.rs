@@ -104,13 +104,13 @@ impl FromStr for Upstream {
 }
 
 impl Upstream {
-    /// The origin-form target (`/path?query`) of a request for `uri`: its
-    /// own when there is no base path and it is origin-form already (no
-    /// text formatted or parsed again per request), else its path and
-    /// query under the base.
-    fn target_of(&self, uri: &Uri) -> Result<Uri, http::Error> {
+    /// The origin-form target (`/path?query`) of a request for `uri`, its
+    /// path and query under the base: `None` when that is `uri` itself (no
+    /// base path, origin-form already: the request keeps its own, nothing
+    /// formatted, parsed or copied per request).
+    fn target_of(&self, uri: &Uri) -> Result<Option<Uri>, http::Error> {
         if self.base.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
-            return Ok(uri.clone());
+            return Ok(None);
         }
         let path = uri.path_and_query();
         let path = match (path, self.base.is_empty()) {
@@ -118,7 +118,7 @@ impl Upstream {
             (None, true) => PathAndQuery::from_static("/"),
             (p, false) => PathAndQuery::try_from(format!("{}{}", self.base, p.map_or("/", PathAndQuery::as_str)))?,
         };
-        Ok(Uri::from(path))
+        Ok(Some(Uri::from(path)))
     }
 }
 
@@ -255,7 +255,9 @@ impl Forward {
             let host = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
             req.headers_mut().insert(header::HOST, host.unwrap_or_else(|| self.host.clone()));
         }
-        *req.uri_mut() = target;
+        if let Some(target) = target {
+            *req.uri_mut() = target;
+        }
         *req.version_mut() = Version::HTTP_11;
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
@@ -462,8 +464,11 @@ mod tests {
             (&based, "http://svc", "/api/"),
         ] {
             let uri: Uri = uri.parse().unwrap();
-            assert_eq!(u.target_of(&uri).unwrap().to_string(), want, "{u} {uri}");
+            let target = u.target_of(&uri).unwrap().unwrap_or_else(|| uri.clone());
+            assert_eq!(target.to_string(), want, "{u} {uri}");
         }
+        let own: Uri = "/a?b".parse().unwrap();
+        assert!(bare.target_of(&own).unwrap().is_none(), "an origin-form request keeps its own URI");
     }
 
     #[test]
