@@ -87,11 +87,14 @@ impl Rules {
                     rules = set.rule_count(),
                     "rules reloaded"
                 );
-                self.current.store(Arc::new(set));
-                self.reloads.fetch_add(1, Ordering::Relaxed);
+                // The status changes first and the rules swap in under its
+                // lock: whoever sees the new rules, then asks the status,
+                // never reads the error they fixed.
                 let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                 status.last_error = None;
                 status.loaded_at = Some(SystemTime::now());
+                self.current.store(Arc::new(set));
+                self.reloads.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             Err(errors) => {
