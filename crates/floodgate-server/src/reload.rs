@@ -101,10 +101,11 @@ impl Rules {
                 for e in &errors.0 {
                     tracing::error!("rules reload failed, keeping the last good rules: {e}");
                 }
-                self.failures.fetch_add(1, Ordering::Relaxed);
+                // Counted once the error is in the status, as above.
                 let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                 status.last_error = Some(errors.to_string());
                 status.failed_at = Some(SystemTime::now());
+                self.failures.fetch_add(1, Ordering::Relaxed);
                 Err(errors)
             }
         }
