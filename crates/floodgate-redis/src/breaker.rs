@@ -60,15 +60,18 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self) {
+    /// A call failed; true when this opened the breaker.
+    pub(crate) fn failure(&self) -> bool {
         let n = self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         if n >= TRIP_AFTER {
             let next = self.now() + micros(PROBE_EVERY);
             if self.probe_at.swap(next, Ordering::AcqRel) == 0 {
                 self.trips.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(failures = n, "Redis failing: circuit breaker open, probing every {PROBE_EVERY:?}");
+                return true;
             }
         }
+        false
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -92,10 +95,11 @@ mod tests {
     fn opens_after_failures_and_lets_one_probe_through() {
         let b = Breaker::new();
         for _ in 0..TRIP_AFTER - 1 {
-            b.failure();
+            assert!(!b.failure());
             assert!(b.permit() && !b.is_open());
         }
-        b.failure();
+        assert!(b.failure(), "this one opened it");
+        assert!(!b.failure(), "already open");
         assert!(b.is_open() && !b.permit(), "open: calls fail fast");
         b.probe_at.store(1, Ordering::Release); // the probe is due
         assert!(b.permit(), "one probe");

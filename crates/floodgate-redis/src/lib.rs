@@ -12,6 +12,7 @@
 //! ```
 
 mod breaker;
+mod conn;
 mod denied;
 pub mod script;
 mod shared;

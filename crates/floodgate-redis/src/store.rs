@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use floodgate_core::{Check, Decision, Limit, Store, StoreError};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, PROBE_EVERY};
+use crate::conn::{self, Live};
 use crate::denied::DeniedCache;
 use crate::script::{self, CheckArgs, Op, Reply};
 use crate::target::Target;
@@ -76,23 +75,12 @@ pub struct RedisStats {
     pub breaker_open: bool,
     /// Refund calls made after a denial in another slot.
     pub cross_slot_refunds: u64,
-}
-
-/// A live connection: both kinds pipeline concurrent commands on shared
-/// sockets (the cluster one keeps one per node and follows MOVED/ASK).
-#[derive(Clone)]
-enum Conn {
-    Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd).await,
-            Self::Cluster(c) => c.req_packed_command(cmd).await,
-        }
-    }
+    /// Calls sent again on a fresh connection because not one byte of them
+    /// had gone out when their connection failed.
+    pub resent: u64,
+    /// Connections replaced before use: closed by the server, or made
+    /// before the breaker last opened.
+    pub replaced: u64,
 }
 
 /// Checks sent in one call at most, over every request batched into it.
@@ -121,9 +109,15 @@ const BATCHES_IN_FLIGHT: usize = 2;
 ///   hash slot.
 /// * Every call is bounded by [`RedisConfig::timeout`]. After three
 ///   failures in a row a circuit breaker opens: decisions fail at once (the
-///   rule's failure policy applies) while one probe every 500 ms tests
-///   Redis; the first success closes it. A single server's connection is
-///   dropped on an error or a timeout and made again by the next call.
+///   rule's failure policy applies) while a background probe pings Redis
+///   every 500 ms (no traffic needed); the first success closes it.
+/// * Connections stay exact across a Redis restart: a single server's
+///   connection is dropped on an error or a timeout; one the server closed
+///   (a killed Redis closes them all), or made before the breaker last
+///   opened, is replaced before a call is handed to it, on every thread.
+///   A call that failed with not one byte sent (the script provably did not
+///   run) goes once more on a fresh connection, within the same timeout; a
+///   call that may have reached Redis is never sent twice.
 /// * A key denied for one hit is answered locally until its retry time.
 ///
 /// Cheap to clone (shared state behind an `Arc`).
@@ -149,6 +143,13 @@ struct Inner {
     rejected_open: AtomicU64,
     cached_denials: AtomicU64,
     cross_slot_refunds: AtomicU64,
+    resent: AtomicU64,
+    replaced: AtomicU64,
+    /// The connection epoch: starts anew when the breaker opens, and a
+    /// single server's connections of an older epoch are replaced.
+    epoch: AtomicU64,
+    /// Whether the background probe runs.
+    probing: std::sync::atomic::AtomicBool,
 }
 
 enum Client {
@@ -212,6 +213,10 @@ impl RedisStore {
                 rejected_open: AtomicU64::new(0),
                 cached_denials: AtomicU64::new(0),
                 cross_slot_refunds: AtomicU64::new(0),
+                resent: AtomicU64::new(0),
+                replaced: AtomicU64::new(0),
+                epoch: AtomicU64::new(0),
+                probing: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -233,6 +238,8 @@ impl RedisStore {
             breaker_trips: i.breaker.trips(),
             breaker_open: i.breaker.is_open(),
             cross_slot_refunds: i.cross_slot_refunds.load(Ordering::Relaxed),
+            resent: i.resent.load(Ordering::Relaxed),
+            replaced: i.replaced.load(Ordering::Relaxed),
         }
     }
 
@@ -242,37 +249,90 @@ impl RedisStore {
         self.decide(checks, Some(now_us), out).await;
     }
 
-    async fn connection(&self, slot: &ConnSlot) -> Result<Conn, redis::RedisError> {
-        if let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+    /// The slot's connection, made when there is none and replaced when it
+    /// is dead or from before the breaker last opened (nothing was sent on
+    /// it, so nothing is lost).
+    async fn connection(&self, slot: &ConnSlot) -> Result<Live, redis::RedisError> {
+        let epoch = self.inner.epoch.load(Ordering::Acquire);
+        if let Some(c) = self.usable(slot, epoch) {
             return Ok(c);
         }
         // One connect at a time; the others wait for it (bounded by the
         // call's timeout) instead of each opening a socket.
         let _one = self.inner.connecting.lock().await;
-        if let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+        if let Some(c) = self.usable(slot, epoch) {
             return Ok(c);
         }
-        let t = self.inner.config.timeout;
-        let conn = match &self.inner.client {
-            Client::Single(c) => {
-                // No response timeout of its own: every call is already
-                // bounded by `timeout` (a second timer per command costs CPU).
-                let cfg =
-                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(t)).set_response_timeout(None);
-                Conn::Single(c.get_multiplexed_async_connection_with_config(&cfg).await?)
-            }
-            Client::Cluster(c) => Conn::Cluster(c.get_async_connection().await?),
+        let live = match &self.inner.client {
+            Client::Single(c) => conn::connect_single(c, epoch).await?,
+            Client::Cluster(c) => Live::cluster(c.get_async_connection().await?, epoch),
         };
-        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-        Ok(conn)
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
+        Ok(live)
+    }
+
+    /// The slot's connection if it may be used in `epoch`; a stale one is
+    /// taken out (and counted).
+    fn usable(&self, slot: &ConnSlot, epoch: u64) -> Option<Live> {
+        let mut held = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*held {
+            Some(c) if c.usable(epoch) => Some(c.clone()),
+            Some(_) => {
+                *held = None;
+                self.inner.replaced.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
     }
 
     /// Forget a single server's connection after a fault, so the next call
-    /// makes a new one. A cluster connection is kept: it reconnects to its
-    /// nodes and refreshes the topology itself.
-    fn drop_connection(&self, slot: &ConnSlot) {
+    /// makes a new one; only if the slot still holds `failed` (another call
+    /// may have replaced it already). A cluster connection is kept: it
+    /// reconnects to its nodes and refreshes the topology itself.
+    fn drop_connection(&self, slot: &ConnSlot, failed: Option<&Live>) {
         if matches!(self.inner.client, Client::Single(_)) {
-            *slot.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            let mut held = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if failed.is_none_or(|f| held.as_ref().is_some_and(|h| h.same(f))) {
+                *held = None;
+            }
+        }
+    }
+
+    /// Send `cmd` (then `eval` on `NOSCRIPT`) on the slot's connection. When
+    /// it fails with not one byte sent, once more on a fresh connection.
+    /// Gives back the connection used, for [`RedisStore::drop_connection`].
+    async fn send(
+        &self,
+        cmd: &redis::Cmd,
+        eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
+        slot: &ConnSlot,
+    ) -> (Option<Live>, redis::RedisResult<redis::Value>) {
+        let mut resent = false;
+        loop {
+            let live = match self.connection(slot).await {
+                Ok(c) => c,
+                Err(e) => return (None, Err(e)),
+            };
+            let before = live.written();
+            let mut c = live.conn.clone();
+            let r = match c.query(cmd).await.and_then(redis::Value::extract_error) {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
+                    // A restarted (or new) server: EVAL loads the script.
+                    Some(eval) => c.query(&eval()).await.and_then(redis::Value::extract_error),
+                    None => Err(e),
+                },
+                r => r,
+            };
+            match r {
+                Err(e) if !resent && live.unsent(before, &e) => {
+                    // The script did not run: the same call, on a new socket.
+                    resent = true;
+                    self.inner.resent.fetch_add(1, Ordering::Relaxed);
+                    self.drop_connection(slot, Some(&live));
+                }
+                r => return (Some(live), r),
+            }
         }
     }
 
@@ -295,22 +355,12 @@ impl RedisStore {
             return Err(CallError::Open);
         }
         i.calls.fetch_add(1, Ordering::Relaxed);
-        let attempt = async {
-            let mut conn = self.connection(slot).await?;
-            match conn.query(cmd).await.and_then(redis::Value::extract_error) {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
-                    // A restarted (or new) server: EVAL loads the script.
-                    Some(eval) => conn.query(&eval()).await.and_then(redis::Value::extract_error),
-                    None => Err(e),
-                },
-                r => r,
-            }
-        };
         let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + i.config.timeout);
-        let result = match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CallError::Redis(e)),
-            Err(_) => Err(CallError::Timeout),
+        // The connection used, once known: a timeout drops the slot's.
+        let (used, result) = match tokio::time::timeout_at(deadline, self.send(cmd, eval, slot)).await {
+            Ok((used, Ok(v))) => (used, Ok(v)),
+            Ok((used, Err(e))) => (used, Err(CallError::Redis(e))),
+            Err(_) => (None, Err(CallError::Timeout)),
         };
         match &result {
             Ok(_) => i.breaker.success(),
@@ -325,8 +375,8 @@ impl RedisStore {
                     _ => true,
                 };
                 if connection_fault {
-                    i.breaker.failure();
-                    self.drop_connection(slot);
+                    self.failed();
+                    self.drop_connection(slot, used.as_ref());
                 }
             }
         }
@@ -336,6 +386,42 @@ impl RedisStore {
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
     pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
         self.call(cmd, None, true, None, &self.inner.conn).await.map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+
+    /// A call failed for want of Redis. When that opens the breaker, every
+    /// connection made so far is retired (the next call on each thread makes
+    /// a new one) and the background probe starts.
+    fn failed(&self) {
+        if self.inner.breaker.failure() {
+            self.inner.epoch.fetch_add(1, Ordering::AcqRel);
+            self.start_probe();
+        }
+    }
+
+    /// Ping Redis every [`PROBE_EVERY`] while the breaker is open, so it
+    /// closes within that of Redis answering again with no traffic needed.
+    /// One probe task per store; it holds the store weakly and ends when
+    /// the breaker closes. Needs a Tokio runtime (calls run on one).
+    fn start_probe(&self) {
+        if self.inner.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let store = RedisStore { inner };
+                if !store.inner.breaker.is_open() {
+                    store.inner.probing.store(false, Ordering::Release);
+                    // A trip between the check and the store: probe on.
+                    if !store.inner.breaker.is_open() || store.inner.probing.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                }
+                let _ = store.ping().await;
+            }
+        });
     }
 
     /// Whether the breaker lets a call go (counted when it does not).
@@ -612,7 +698,7 @@ impl RedisStore {
 type BatchReply = (Vec<String>, Result<Vec<i64>, CallError>);
 
 /// Where a connection is kept (made on first use, dropped after a fault).
-type ConnSlot = Mutex<Option<Conn>>;
+type ConnSlot = Mutex<Option<Live>>;
 
 /// Batch queues at most: past that, threads share them.
 const MAX_LANES: usize = 16;
@@ -714,18 +800,19 @@ impl Store for RedisStore {
         let t = self.inner.config.timeout;
         // A ping probes even through an open breaker: readiness must see
         // Redis come back.
-        let attempt = async { self.connection(&self.inner.conn).await?.query(&redis::cmd("PING")).await };
+        let ping = redis::cmd("PING");
+        let attempt = self.send(&ping, None, &self.inner.conn);
         match tokio::time::timeout(t, attempt).await {
-            Ok(Ok(_)) => {
+            Ok((_, Ok(_))) => {
                 self.inner.breaker.success();
                 Ok(())
             }
-            Ok(Err(e)) => {
-                self.drop_connection(&self.inner.conn);
+            Ok((used, Err(e))) => {
+                self.drop_connection(&self.inner.conn, used.as_ref());
                 Err(StoreError::Unavailable(format!("Redis: {e}")))
             }
             Err(_) => {
-                self.drop_connection(&self.inner.conn);
+                self.drop_connection(&self.inner.conn, None);
                 Err(StoreError::Unavailable(format!("Redis did not answer within {t:?}")))
             }
         }

@@ -154,6 +154,38 @@ fn a_restarted_redis_gets_the_script_again() {
     });
 }
 
+/// Issue 23, defect 1, at the store: a connection Redis closed (a restart,
+/// `CLIENT KILL`) cost the next decision on it the failure policy. Now it is
+/// replaced before a call is handed to it, or the call, not one byte of it
+/// sent, goes once more on a fresh connection: every next decision is
+/// exact, with no error and no request to warm it.
+#[test]
+fn regression_a_connection_redis_closed_costs_no_decision() {
+    let mut server = RedisServer::start();
+    let rt = runtime();
+    let s = store(&server.url(), Duration::from_millis(500));
+    let limit = Limit::new(Algorithm::FixedWindow, 1_000, Duration::from_secs(3_600)).unwrap();
+    rt.block_on(async {
+        let mut used = 0;
+        for round in 0..10 {
+            assert!(s.apply("k", &limit, 1).await.unwrap().allowed);
+            used += 1;
+            if round % 2 == 0 {
+                server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+            } else {
+                server.restart(); // empty: the count starts again
+                used = 0;
+            }
+            let d = s.apply("k", &limit, 1).await.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            used += 1;
+            assert_eq!(d.remaining, 1_000 - used, "round {round}: counted once");
+        }
+        let st = s.stats();
+        assert_eq!(st.errors, 0, "{st:?}");
+        assert!(st.replaced + st.resent >= 10, "{st:?}");
+    });
+}
+
 #[test]
 fn a_key_over_its_limit_is_answered_locally_until_its_retry_time() {
     let server = RedisServer::start();

@@ -111,6 +111,20 @@ impl Backend for ServerStore {
                     "Refund calls after a request was denied in another Redis Cluster slot.",
                     st.cross_slot_refunds,
                 );
+                gauge(
+                    out,
+                    "floodgate_redis_resent_total",
+                    "counter",
+                    "Calls sent once more on a fresh connection: their connection failed before one byte of them went out.",
+                    st.resent,
+                );
+                gauge(
+                    out,
+                    "floodgate_redis_connections_replaced_total",
+                    "counter",
+                    "Connections replaced before use: closed by Redis, or made before the breaker last opened.",
+                    st.replaced,
+                );
             }
         }
     }

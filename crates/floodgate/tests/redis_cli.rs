@@ -245,3 +245,58 @@ fn an_override_set_on_one_instance_reaches_the_other() {
     assert_eq!(code, 503, "{body}");
     assert!(!http_get(&a.admin, "/admin/v1/overrides").1.contains("vip"));
 }
+
+/// Issue 23, defect 1: after Redis came back, a decision that landed on a
+/// thread whose connection dated from before the restart got the failure
+/// policy (`200 429 200` with `failure_mode: closed`). Every thread must
+/// decide exactly once the breaker closed, with no request to warm it, and
+/// the background probe must close the breaker with no traffic at all.
+#[test]
+fn regression_after_redis_returns_every_thread_decides_exactly() {
+    let mut redis = RedisServer::start();
+    // More deciding threads than the machine's cores, both kinds.
+    let threads = ["--grpc-threads", "4", "--workers", "4"];
+    let s = Served::start("redis-return", FAILURE_RULES, &[&["--store", &redis.url()][..], &threads].concat());
+    let remaining = |user: &str| -> u64 {
+        let body = format!(r#"{{"domain": "closed", "descriptors": [{{"user": "{user}"}}], "hits": 0}}"#);
+        let (code, text) = http(&s.http, "POST", "/v1/check", &body);
+        assert_eq!(code, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["descriptors"][0]["remaining"].as_u64().unwrap()
+    };
+    // Every thread gets a connection: each `check` is a new gRPC connection
+    // (handed out round-robin), each HTTP request a new one too.
+    let decide_everywhere = |user: &str, n: usize| -> Vec<String> {
+        let mut answers = Vec::new();
+        for _ in 0..n {
+            answers.push(format!("grpc:{:?}", check(&s.grpc, "closed", user).0));
+            let body = format!(r#"{{"domain": "closed", "descriptors": [{{"user": "{user}"}}]}}"#);
+            let (_, text) = http(&s.http, "POST", "/v1/check", &body);
+            let v: Value = serde_json::from_str(&text).unwrap();
+            answers.push(format!("http:{}", v["allowed"]));
+        }
+        answers
+    };
+    let all_allowed = |a: &[String]| a.iter().all(|x| x == "grpc:Some(0)" || x == "http:true");
+    let warm = decide_everywhere("warm", 12);
+    assert!(all_allowed(&warm), "{warm:?}");
+
+    redis.kill();
+    let down = decide_everywhere("down", 3);
+    assert!(down.iter().all(|x| x == "grpc:Some(1)" || x == "http:false"), "closed denies: {down:?}");
+    let (_, metrics) = http_get(&s.http, "/metrics");
+    assert!(metrics.contains("floodgate_redis_breaker_open 1"), "{metrics}");
+
+    redis.restart();
+    // No decisions now: the probe alone must close the breaker.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !http_get(&s.http, "/metrics").1.contains("floodgate_redis_breaker_open 0") {
+        assert!(Instant::now() < deadline, "the breaker did not close within 10 s of Redis returning");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // 3 × 8 threads' worth of requests, each on a new connection: every one
+    // decided by Redis, and counted once.
+    let back = decide_everywhere("back", 12);
+    assert!(all_allowed(&back), "a thread's stale connection answered with the failure policy: {back:?}");
+    assert_eq!(remaining("back"), 1_000_000 - 24, "each decision counted exactly once");
+}
