@@ -4,7 +4,8 @@
 //!
 //! | call | what |
 //! |---|---|
-//! | `GET /admin/v1/rules` | loaded domains and rules, with file:line |
+//! | `GET /admin/v1/status` | rules source, reload status and errors, warnings (e.g. the proxy's domain has no rules), store health |
+//! | `GET /admin/v1/rules` | loaded domains and rules, with file:line, and the warnings |
 //! | `POST /admin/v1/reload` | reload the rules now (422 with every error; the last good rules stay) |
 //! | `GET /admin/v1/overrides` | every override |
 //! | `PUT /admin/v1/overrides` | set one: `{"domain", "descriptor": [{"key","value"}], "limits": {rate_limit} or [..]}` |
@@ -42,12 +43,17 @@ pub struct AdminState<S> {
 /// The admin router.
 pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
     Router::new()
+        .route("/admin/v1/status", get(status::<S>))
         .route("/admin/v1/rules", get(rules::<S>))
         .route("/admin/v1/reload", post(reload::<S>))
         .route("/admin/v1/overrides", get(list::<S>).put(set::<S>).delete(delete::<S>))
         .route("/admin/v1/counters", post(counters::<S>))
         .fallback(|| async {
-            error(StatusCode::NOT_FOUND, "", "no such admin endpoint: see /admin/v1/rules, reload, overrides, counters")
+            error(
+                StatusCode::NOT_FOUND,
+                "",
+                "no such admin endpoint: see /admin/v1/status, rules, reload, overrides, counters",
+            )
         })
         .method_not_allowed_fallback(|| async {
             error(StatusCode::METHOD_NOT_ALLOWED, "", "method not allowed on this endpoint")
@@ -85,6 +91,7 @@ fn override_error(e: OverrideError) -> ApiError {
         OverrideError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "", m),
         OverrideError::Limits(errs) => ApiError::new(StatusCode::BAD_REQUEST, "limits", errs),
         OverrideError::Storage(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", m),
+        e @ OverrideError::InUse(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", e.to_string()),
         e @ OverrideError::Shared(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "", e.to_string()),
     }
 }
@@ -120,13 +127,23 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
         })
         .collect();
     domains.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
-    axum::Json(json!({ "domains": domains })).into_response()
+    axum::Json(json!({ "domains": domains, "warnings": state.service.rules().warnings() })).into_response()
+}
+
+/// The readiness report of `/readyz` (rules, reload status, warnings,
+/// store), always 200: the admin view of the instance's health.
+async fn status<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let (_, body) = crate::http::readiness(&state.service, false).await;
+    axum::Json(body).into_response()
 }
 
 async fn reload<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let rules = state.service.rules();
     match rules.reload() {
-        Ok(()) => axum::Json(json!({ "reloaded": true, "rules": rules.current().rule_count() })).into_response(),
+        Ok(changed) => {
+            axum::Json(json!({ "reloaded": true, "changed": changed, "rules": rules.current().rule_count() }))
+                .into_response()
+        }
         Err(errs) => {
             let errors: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
             (

@@ -207,7 +207,7 @@ pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (boo
         "ready": ready,
         "draining": draining,
         "rules": {
-            "dir": rules.dir().display().to_string(),
+            "source": rules.source().to_string(),
             "domains": current.domains().count(),
             "rules": current.rule_count(),
             "loaded_at_unix_s": ts(status.loaded_at),
@@ -216,6 +216,7 @@ pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (boo
             "last_error": status.last_error,
             "failed_at_unix_s": ts(status.failed_at),
         },
+        "warnings": rules.warnings(),
         "store": match &store {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),

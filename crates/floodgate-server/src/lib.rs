@@ -5,6 +5,7 @@
 //! [`serve`], which binds them all and shuts down gracefully.
 
 pub mod admin;
+mod bundled;
 pub mod grpc;
 pub mod headers;
 pub mod http;
@@ -16,9 +17,11 @@ pub mod reload;
 mod runtimes;
 pub mod serve;
 pub mod service;
+pub mod state;
 pub mod store;
 mod upstream;
 
+pub use bundled::BUNDLED_RULES;
 use floodgate_core::{MemoryStore, Store, SystemClock};
 
 /// A store the server can run on: decides, and reports its own metrics.

@@ -103,6 +103,11 @@ pub enum OverrideError {
     /// The embedded database failed (500); nothing changed.
     #[error("override storage failed: {0}")]
     Storage(String),
+    /// The database file is open in another process (redb locks it).
+    #[error(
+        "{0} is open in another floodgate process: give each instance its own --overrides-file (or leave the flag out: each instance then gets its own file under --state-dir)"
+    )]
+    InUse(String),
     /// Overrides are shared through Redis, which failed (503); nothing
     /// changed.
     #[error("overrides are shared through Redis, which failed: {0}; nothing changed, try again")]
@@ -129,7 +134,10 @@ impl Overrides {
     /// tightened a bound) is skipped and reported in [`Overrides::problems`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, OverrideError> {
         let path = path.as_ref();
-        let db = Database::create(path).map_err(|e| OverrideError::Storage(format!("{}: {e}", path.display())))?;
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => OverrideError::InUse(path.display().to_string()),
+            e => OverrideError::Storage(format!("{}: {e}", path.display())),
+        })?;
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(TABLE).map_err(storage)?;
         txn.commit().map_err(storage)?;

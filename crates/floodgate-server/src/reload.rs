@@ -9,9 +9,16 @@
 //! limit parameters changed.
 //!
 //! [`watch`] reloads on change: file events (inotify) debounced so a burst
-//! of writes costs one reload, plus a periodic check of every file's size
-//! and modification time that catches what events miss (a ConfigMap's
+//! of writes costs one reload, plus a periodic check of every rules file's
+//! size and modification time that catches what events miss (a ConfigMap's
 //! symlink swap, an overflowing event queue, a directory replaced whole).
+//! Only rules files count (`*.yaml`, `*.yml`, and the directories and
+//! symlinks that lead to them): a log file written in the directory causes
+//! no reload, and a reload that finds the same files as the last one
+//! changes nothing and logs at debug.
+//!
+//! Rules compiled into the program ([`RulesSource::Embedded`]) are never
+//! watched; their messages name them `<embedded>/FILE`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,17 +28,87 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
-use floodgate_core::rules::{ConfigErrors, LoadOptions, RuleSet};
+use floodgate_core::rules::{ConfigErrors, LoadOptions, RuleSet, Sources, is_rules_file, rule_files};
 use notify::{RecursiveMode, Watcher as _};
 
-/// The live rule set of a directory, and how its reloads went.
+/// Where [`Rules`] come from.
+#[derive(Debug, Clone)]
+pub enum RulesSource {
+    /// A directory of rules files, which [`watch`] can follow.
+    Dir(PathBuf),
+    /// Files compiled into the program, `(name, text)`: named
+    /// `<embedded>/name` in messages, never watched.
+    Embedded(&'static [(&'static str, &'static str)]),
+}
+
+impl RulesSource {
+    fn read(&self, opts: &LoadOptions) -> Result<Sources, ConfigErrors> {
+        match self {
+            Self::Dir(dir) => Sources::read_dir(dir, opts),
+            Self::Embedded(files) => Ok(Sources::embedded(files)),
+        }
+    }
+
+    /// The directory, for rules read from one.
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            Self::Dir(d) => Some(d),
+            Self::Embedded(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RulesSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dir(d) => write!(f, "{}", d.display()),
+            Self::Embedded(_) => f.write_str("<embedded>"),
+        }
+    }
+}
+
+impl From<PathBuf> for RulesSource {
+    fn from(dir: PathBuf) -> Self {
+        Self::Dir(dir)
+    }
+}
+
+impl From<&Path> for RulesSource {
+    fn from(dir: &Path) -> Self {
+        Self::Dir(dir.to_owned())
+    }
+}
+
+impl From<&PathBuf> for RulesSource {
+    fn from(dir: &PathBuf) -> Self {
+        Self::Dir(dir.clone())
+    }
+}
+
+/// Called with the new rules after each reload that changed them.
+type OnReload = Box<dyn Fn(&RuleSet) + Send + Sync>;
+
+/// The live rule set of a directory (or of embedded files), and how its
+/// reloads went.
 pub struct Rules {
-    dir: PathBuf,
+    source: RulesSource,
     opts: LoadOptions,
     current: ArcSwap<RuleSet>,
     status: Mutex<Status>,
+    /// The digest of the files the last reload read ([`Sources::digest`]),
+    /// and whether that reload succeeded.
+    seen: Mutex<(u64, bool)>,
+    on_reload: Mutex<Vec<OnReload>>,
+    /// Domains an adapter decides in (the proxy's), and which adapter.
+    required: Mutex<Vec<(String, &'static str)>>,
     reloads: AtomicU64,
     failures: AtomicU64,
+}
+
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rules").field("source", &self.source).finish_non_exhaustive()
+    }
 }
 
 /// How the last reload went.
@@ -46,21 +123,59 @@ pub struct Status {
 }
 
 impl Rules {
-    /// Load a directory; fails (touching nothing) when it is not valid.
-    pub fn load(dir: impl Into<PathBuf>, opts: LoadOptions) -> Result<Arc<Rules>, ConfigErrors> {
-        let dir = dir.into();
-        let set = RuleSet::load_dir(&dir, &opts)?;
+    /// Load a directory (or embedded files); fails (touching nothing) when
+    /// they are not valid.
+    pub fn load(source: impl Into<RulesSource>, opts: LoadOptions) -> Result<Arc<Rules>, ConfigErrors> {
+        let source = source.into();
+        let sources = source.read(&opts)?;
+        let digest = sources.digest();
+        let set = RuleSet::build(sources, &opts)?;
         for w in set.warnings() {
             tracing::warn!("rules: {w}");
         }
         Ok(Arc::new(Rules {
-            dir,
+            source,
             opts,
             current: ArcSwap::from_pointee(set),
             status: Mutex::new(Status { loaded_at: Some(SystemTime::now()), ..Status::default() }),
+            seen: Mutex::new((digest, true)),
+            on_reload: Mutex::new(Vec::new()),
+            required: Mutex::new(Vec::new()),
             reloads: AtomicU64::new(0),
             failures: AtomicU64::new(0),
         }))
+    }
+
+    /// Note that `by` (e.g. "the proxy") decides every request in `domain`:
+    /// while the rules have no rule there, a warning names it, in the log
+    /// now and after each reload, and in [`Rules::warnings`].
+    pub fn require_domain(self: &Arc<Self>, domain: &str, by: &'static str) {
+        if let Some(w) = missing_domain(&self.current(), domain, by) {
+            tracing::warn!("{w}");
+        }
+        self.required.lock().unwrap_or_else(PoisonError::into_inner).push((domain.to_owned(), by));
+        let domain = domain.to_owned();
+        self.on_reload(move |set| {
+            if let Some(w) = missing_domain(set, &domain, by) {
+                tracing::warn!("{w}");
+            }
+        });
+    }
+
+    /// What is wrong but not fatal about the rules in use: a required
+    /// domain with no rules, and the loader's warnings (a file with nothing
+    /// in it, keys envoy ignores).
+    pub fn warnings(&self) -> Vec<String> {
+        let set = self.current();
+        let required = self.required.lock().unwrap_or_else(PoisonError::into_inner);
+        let missing = required.iter().filter_map(|(d, by)| missing_domain(&set, d, by));
+        missing.chain(set.warnings().iter().map(ToString::to_string)).collect()
+    }
+
+    /// Call `f` with the new rules after every reload that changes them
+    /// (not now: the caller has [`Rules::current`]).
+    pub fn on_reload(&self, f: impl Fn(&RuleSet) + Send + Sync + 'static) {
+        self.on_reload.lock().unwrap_or_else(PoisonError::into_inner).push(Box::new(f));
     }
 
     /// The rules in use.
@@ -68,21 +183,37 @@ impl Rules {
         self.current.load_full()
     }
 
-    /// The directory the rules come from.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Where the rules come from.
+    pub fn source(&self) -> &RulesSource {
+        &self.source
     }
 
-    /// Build the whole rule set again and swap it in; on errors keep the
-    /// rules in use and record why.
-    pub fn reload(&self) -> Result<(), ConfigErrors> {
-        match RuleSet::load_dir(&self.dir, &self.opts) {
-            Ok(set) => {
+    /// Read the files again and, when they differ from the last read (or
+    /// that read failed), build the whole rule set and swap it in; on errors
+    /// keep the rules in use and record why. `Ok(false)`: the files are
+    /// those of the rules in use, nothing changed (logged at debug).
+    pub fn reload(&self) -> Result<bool, ConfigErrors> {
+        let built = self.source.read(&self.opts).and_then(|sources| {
+            let digest = sources.digest();
+            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if *seen == (digest, true) {
+                return Ok(None);
+            }
+            let set = RuleSet::build(sources, &self.opts);
+            *seen = (digest, set.is_ok());
+            set.map(Some)
+        });
+        match built {
+            Ok(None) => {
+                tracing::debug!(source = %self.source, "rules files unchanged: nothing to reload");
+                Ok(false)
+            }
+            Ok(Some(set)) => {
                 for w in set.warnings() {
                     tracing::warn!("rules: {w}");
                 }
                 tracing::info!(
-                    dir = %self.dir.display(),
+                    source = %self.source,
                     domains = set.domains().count(),
                     rules = set.rule_count(),
                     "rules reloaded"
@@ -93,9 +224,14 @@ impl Rules {
                 let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                 status.last_error = None;
                 status.loaded_at = Some(SystemTime::now());
-                self.current.store(Arc::new(set));
+                let set = Arc::new(set);
+                self.current.store(set.clone());
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                drop(status);
+                for f in self.on_reload.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+                    f(&set);
+                }
+                Ok(true)
             }
             Err(errors) => {
                 for e in &errors.0 {
@@ -125,6 +261,16 @@ impl Rules {
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
+}
+
+/// The warning for `domain` when `set` has no rule in it.
+fn missing_domain(set: &RuleSet, domain: &str, by: &str) -> Option<String> {
+    let rules = set.domain(domain).map_or(0, |d| d.rules().count());
+    (rules == 0).then(|| {
+        format!(
+            "{by} decides in domain `{domain}`, which has no rules: every request passes unlimited, with no rate-limit headers; add a rules file with `domain: {domain}` (see examples/config/proxy.yaml) or choose another domain with --domain"
+        )
+    })
 }
 
 /// How [`watch`] notices changes.
@@ -160,37 +306,49 @@ enum Msg {
 
 /// Why watching could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot watch {dir}: {source}")]
-pub struct WatchError {
-    dir: PathBuf,
-    #[source]
-    source: std::io::Error,
+pub enum WatchError {
+    /// The watching thread could not start.
+    #[error("cannot watch {dir}: {source}")]
+    Thread {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The rules are compiled in: there is nothing to watch.
+    #[error("the embedded rules are not watched: give --config DIR to serve rules from files")]
+    Embedded,
 }
 
 /// Reload `rules` whenever its directory changes. File events are the fast
 /// path; if they cannot be set up (e.g. inotify limits), polling alone still
 /// reloads, and a warning says so.
 pub fn watch(rules: Arc<Rules>, opts: WatchOptions) -> Result<Watcher, WatchError> {
+    let dir = rules.source().dir().ok_or(WatchError::Embedded)?.to_owned();
     let (tx, rx) = mpsc::channel::<Msg>();
     let events_tx = tx.clone();
     let events = opts.events.then(|| {
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok_and(|e| !e.kind.is_access()) {
+            // Only what can change the rules wakes the watcher: a log file
+            // written in the directory must not (it could be our own log).
+            if res.is_ok_and(|e| !e.kind.is_access() && e.paths.iter().any(|p| may_lead_to_rules(p))) {
                 let _ = events_tx.send(Msg::Changed);
             }
         })
-        .and_then(|mut w| w.watch(rules.dir(), RecursiveMode::Recursive).map(|()| w))
+        .and_then(|mut w| w.watch(&dir, RecursiveMode::Recursive).map(|()| w))
     });
     let events = match events {
         None => None,
         Some(Ok(w)) => Some(w),
         Some(Err(e)) => {
-            tracing::warn!(dir = %rules.dir().display(), "file events unavailable ({e}); polling every {:?}", opts.poll);
+            tracing::warn!(dir = %dir.display(), "file events unavailable ({e}); polling every {:?}", opts.poll);
             None
         }
     };
-    let mut seen = fingerprint(rules.dir());
-    let dir = rules.dir().to_owned();
+    let max_files = rules.opts.max_files;
+    let mut seen = fingerprint(&dir, max_files);
+    let rules_dir = dir.clone();
     let thread = std::thread::Builder::new()
         .name("floodgate-rules-watch".into())
         .spawn(move || {
@@ -210,7 +368,7 @@ pub fn watch(rules: Arc<Rules>, opts: WatchOptions) -> Result<Watcher, WatchErro
                     }
                     Err(RecvTimeoutError::Timeout) => true,
                 };
-                let current = fingerprint(rules.dir());
+                let current = fingerprint(&dir, max_files);
                 if polled && current == seen {
                     continue;
                 }
@@ -218,7 +376,7 @@ pub fn watch(rules: Arc<Rules>, opts: WatchOptions) -> Result<Watcher, WatchErro
                 let _ = rules.reload();
             }
         })
-        .map_err(|source| WatchError { dir, source })?;
+        .map_err(|source| WatchError::Thread { dir: rules_dir, source })?;
     Ok(Watcher { stop: Some(tx), thread: Some(thread), _events: events })
 }
 
@@ -233,25 +391,32 @@ impl Drop for Watcher {
     }
 }
 
-/// Every file's path, size and modification time (symlinks followed),
-/// sorted: equal fingerprints mean nothing visible changed.
-fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)>, depth: usize) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
-            if meta.is_dir() {
-                if depth < 16 {
-                    walk(&path, out, depth + 1);
-                }
-            } else {
-                out.push((path, meta.len(), meta.modified().ok()));
-            }
-        }
+/// Whether a file event on `path` may change the rules: a rules file, or a
+/// directory or symlink (a Kubernetes ConfigMap swaps its `..data`
+/// symlink), or something gone whose name has no extension (a removed
+/// directory or symlink; a removed `app.log` does not count).
+fn may_lead_to_rules(path: &Path) -> bool {
+    if is_rules_file(path) {
+        return true;
     }
-    let mut out = Vec::new();
-    walk(dir, &mut out, 0);
-    out.sort();
-    out
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta.is_dir() || meta.file_type().is_symlink(),
+        Err(_) => path.extension().is_none(),
+    }
+}
+
+/// Every rules file's path, size, modification time and inode (symlinks
+/// followed), as the loader finds them: equal fingerprints mean no rules
+/// file visibly changed.
+fn fingerprint(dir: &Path, max_files: usize) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let files = rule_files(dir, max_files).unwrap_or_default();
+    files
+        .into_iter()
+        .map(|path| {
+            let meta = std::fs::metadata(&path).ok();
+            let (len, modified, ino) = meta.map_or((0, None, 0), |m| (m.len(), m.modified().ok(), m.ino()));
+            (path, len, modified, ino)
+        })
+        .collect()
 }

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -28,18 +27,18 @@ use crate::grpc::Rls;
 use crate::headers::HeaderMode;
 use crate::http::{self, HttpState};
 use crate::metrics::Metrics;
-use crate::overrides::Overrides;
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
-use crate::reload::{Rules, WatchOptions, Watcher, watch};
+use crate::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtimes;
 use crate::service::Service;
+use crate::state::{OverridesFile, open_overrides};
 use crate::store::ServerStore;
 
 /// Everything `serve` needs to know.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The rules directory.
-    pub rules_dir: PathBuf,
+    /// Where the rules come from: a directory (watched) or embedded files.
+    pub rules: RulesSource,
     /// RLS gRPC address (`None`: no gRPC server).
     pub grpc_addr: Option<SocketAddr>,
     /// HTTP API address (`None`: no HTTP API).
@@ -50,8 +49,8 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Which rate-limit headers to send.
     pub headers: HeaderMode,
-    /// Where runtime overrides persist; `None` disables them.
-    pub overrides_file: Option<PathBuf>,
+    /// Where runtime overrides persist ([`OverridesFile::Off`] disables them).
+    pub overrides: OverridesFile,
     /// The store: `None` for the in-memory store, or Redis.
     pub redis: Option<RedisConfig>,
     /// Bound on the in-memory store's keys (and on the `local` fallback's).
@@ -73,13 +72,13 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            rules_dir: PathBuf::from("examples/config"),
+            rules: RulesSource::Embedded(crate::bundled::BUNDLED_RULES),
             grpc_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
             http_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             headers: HeaderMode::default(),
-            overrides_file: None,
+            overrides: OverridesFile::Off,
             redis: None,
             max_keys: floodgate_core::store::memory::DEFAULT_MAX_KEYS,
             watch: true,
@@ -181,24 +180,22 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             config.admin_addr
         )));
     }
-    let rules = Rules::load(&config.rules_dir, LoadOptions::default()).map_err(|errs| {
+    let rules = Rules::load(config.rules.clone(), LoadOptions::default()).map_err(|errs| {
         let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
-        ServeError::Config(format!("the rules in {} do not validate:\n{}", config.rules_dir.display(), list.join("\n")))
+        ServeError::Config(format!("the rules in {} do not validate:\n{}", config.rules, list.join("\n")))
     })?;
+    if let Some(p) = &config.proxy {
+        rules.require_domain(&p.domain, "the proxy");
+    }
     for w in rules.current().warnings() {
         tracing::warn!("{w}");
     }
-    let overrides = match &config.overrides_file {
-        Some(path) => {
-            let o = Overrides::open(path)
-                .map_err(|e| ServeError::Config(format!("overrides file {}: {e}", path.display())))?;
-            for p in o.problems() {
-                tracing::warn!("stored override not loaded: {p}");
-            }
-            Some(Arc::new(o))
+    let overrides = open_overrides(&config.overrides).map_err(ServeError::Config)?.map(|o| {
+        for p in o.problems() {
+            tracing::warn!("stored override not loaded: {p}");
         }
-        None => None,
-    };
+        Arc::new(o)
+    });
     let store = match &config.redis {
         None => ServerStore::Memory(MemoryStore::builder().max_keys(config.max_keys).on_full(OnFull::Evict).build()),
         Some(redis) => ServerStore::Redis(
@@ -273,12 +270,12 @@ impl Bound {
             (self.grpc_addr(), self.http_addr(), self.admin_addr(), self.proxy_addr());
         let Bound { prepared, grpc, http, admin, proxy } = self;
         let Prepared { config, service } = prepared;
-        let _watcher: Option<Watcher> = if config.watch {
+        let _watcher: Option<Watcher> = if config.watch && config.rules.dir().is_some() {
             let opts = WatchOptions::default();
             match watch(service.rules().clone(), opts) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    tracing::warn!("not watching {} for changes: {e}", config.rules_dir.display());
+                    tracing::warn!("not watching {} for changes: {e}", config.rules);
                     None
                 }
             }
@@ -357,7 +354,7 @@ impl Bound {
             %admin_addr,
             proxy_addr = %show(proxy_addr),
             upstream = %config.proxy.as_ref().map_or_else(String::new, |p| p.upstream.to_string()),
-            rules = %config.rules_dir.display(),
+            rules = %config.rules,
             "floodgate serving"
         );
 

@@ -138,7 +138,7 @@ pub struct Service<S> {
 
 impl<S> std::fmt::Debug for Service<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Service").field("rules", &self.rules.dir()).finish_non_exhaustive()
+        f.debug_struct("Service").field("rules", &self.rules.source()).finish_non_exhaustive()
     }
 }
 

@@ -138,3 +138,56 @@ fn counters_of_unchanged_rules_survive_a_reload() {
     assert!(!hit("user"), "the unchanged rule keeps its counter");
     assert!(hit("ip"), "the changed rule starts fresh");
 }
+
+/// Issue 23, defect 3: appending to a log file inside the rules directory
+/// made the service reload its rules, each reload logged at info; with the
+/// service's own log there, every reload's line triggered the next. Only
+/// rules files count now, and a reload that finds the same files changes
+/// nothing (debug log, not counted).
+#[test]
+fn regression_a_log_file_in_the_rules_directory_causes_no_reload() {
+    let dir = TempDir::new("logfile");
+    fs::write(dir.path("api.yaml"), rules_file("api", 5)).unwrap();
+    let (rules, _w) = start(&dir.0);
+    {
+        use std::io::Write;
+        let mut log = fs::OpenOptions::new().create(true).append(true).open(dir.path("floodgate.log")).unwrap();
+        // Each line after more than the debounce (100 ms): each would have
+        // been a reload of its own.
+        for i in 0..8 {
+            writeln!(log, "line {i}: rules reloaded").unwrap();
+            log.sync_all().unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+    // The same text written again (a new mtime): not a change either.
+    fs::write(dir.path("api.yaml"), rules_file("api", 5)).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    // A real change is still picked up, as the first reload.
+    fs::write(dir.path("api.yaml"), rules_file("api", 6)).unwrap();
+    eventually("the change is picked up", || limit_of(&rules, "api") == Some(6));
+    assert_eq!(rules.reloads(), 1, "only the real change reloaded");
+    assert!(!rules.reload().unwrap(), "nothing changed since");
+    assert_eq!(rules.reloads(), 1);
+}
+
+/// A Kubernetes ConfigMap update: the files are symlinks through `..data`,
+/// a symlink to a timestamped directory that is swapped for a new one.
+#[test]
+fn a_configmap_symlink_swap_is_picked_up() {
+    let dir = TempDir::new("configmap");
+    let symlink = |to: &str, at: &str| std::os::unix::fs::symlink(to, dir.path(at)).unwrap();
+    dir.write("..2026_01_01_00_00_00.1/api.yaml", rules_file("api", 5));
+    symlink("..2026_01_01_00_00_00.1", "..data");
+    symlink("..data/api.yaml", "api.yaml");
+    let (rules, _w) = start(&dir.0);
+    assert_eq!(limit_of(&rules, "api"), Some(5));
+    // What the kubelet does: a new directory, a new `..data_tmp` link
+    // renamed over `..data`, the old directory removed.
+    dir.write("..2026_01_01_00_01_00.2/api.yaml", rules_file("api", 7));
+    symlink("..2026_01_01_00_01_00.2", "..data_tmp");
+    fs::rename(dir.path("..data_tmp"), dir.path("..data")).unwrap();
+    fs::remove_dir_all(dir.path("..2026_01_01_00_00_00.1")).unwrap();
+    eventually("the swap is picked up", || limit_of(&rules, "api") == Some(7));
+    assert_eq!(rules.failures(), 0);
+}

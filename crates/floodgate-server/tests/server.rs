@@ -66,12 +66,12 @@ impl Server {
         dir.write("rules/api.yaml", RULES);
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let config = Config {
-            rules_dir: dir.0.join("rules"),
+            rules: dir.0.join("rules").into(),
             grpc_addr: Some(any),
             http_addr: Some(any),
             admin_addr: any,
             admin_token: token.map(str::to_owned),
-            overrides_file: Some(dir.0.join("overrides.redb")),
+            overrides: floodgate_server::state::OverridesFile::At(dir.0.join("overrides.redb")),
             body_limit: 4096,
             grpc_threads,
             ..Config::default()

@@ -30,7 +30,7 @@ pub(crate) enum Command {
     Validate(ValidateArgs),
     /// Run the rate-limit service: Envoy RLS v3 gRPC, the HTTP API, the
     /// admin API and metrics. With no arguments it serves the bundled
-    /// example rules (examples/config) from the in-memory store.
+    /// example rules (examples/config, compiled in) from the in-memory store.
     Serve(ServeArgs),
     /// Run a rate-limiting reverse proxy in front of one HTTP upstream:
     /// requests over their limit get 429 with Retry-After and rate-limit
@@ -111,7 +111,8 @@ pub(crate) struct ProxyArgs {
 /// The settings `serve` and `proxy` share.
 #[derive(Debug, Args)]
 pub(crate) struct CommonArgs {
-    /// Rules directory (default: the bundled examples/config).
+    /// Rules directory, watched for changes (default: the bundled example
+    /// rules, compiled in, named <embedded>/FILE, not watched).
     #[arg(long, env = "FLOODGATE_CONFIG")]
     pub(crate) config: Option<PathBuf>,
     /// Admin API address; a non-loopback address needs --admin-token.
@@ -135,9 +136,19 @@ pub(crate) struct CommonArgs {
     /// Bound on the in-memory store's keys (the oldest-expiring are evicted beyond it).
     #[arg(long, env = "FLOODGATE_MAX_KEYS", default_value_t = floodgate_core::store::memory::DEFAULT_MAX_KEYS)]
     pub(crate) max_keys: usize,
-    /// File where runtime overrides persist, or `none` to disable them.
-    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE", default_value = "floodgate-overrides.redb")]
-    pub(crate) overrides_file: String,
+    /// File where runtime overrides persist, or `none` to disable them
+    /// (default: STATE_DIR/INSTANCE/overrides.redb).
+    #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]
+    pub(crate) overrides_file: Option<String>,
+    /// Where instances keep their own files (default: $XDG_STATE_HOME/floodgate,
+    /// else ~/.local/state/floodgate).
+    #[arg(long, env = "FLOODGATE_STATE_DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+    /// This instance's name: its files live in STATE_DIR/NAME (default:
+    /// admin-IP-PORT of --admin-addr, so instances side by side never share
+    /// files and a restart finds its own).
+    #[arg(long, env = "FLOODGATE_INSTANCE")]
+    pub(crate) instance: Option<String>,
     /// Rate-limit headers to send: none, x-ratelimit, ietf or both.
     #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS", default_value = "both")]
     pub(crate) response_headers: String,

@@ -3,27 +3,19 @@
 //! and exit 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use floodgate_core::parse_duration;
 use std::time::Duration;
 
 use floodgate_server::proxy::{ProxyConfig, Upstream};
+use floodgate_server::reload::RulesSource;
 use floodgate_server::serve::{Config, ServeError, prepare};
+use floodgate_server::state::{self, OverridesFile};
 use floodgate_tower::{ForwardedHeader, TrustedProxies};
 
 use crate::cli::{CommonArgs, ProxyArgs, ServeArgs};
 use crate::exit::Failure;
-
-/// The bundled example rules: `examples/config` under the working
-/// directory, else where the source tree had them at build time.
-fn default_rules_dir() -> PathBuf {
-    let here = PathBuf::from("examples/config");
-    if here.is_dir() {
-        return here;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/config")
-}
 
 fn addr(flag: &str, s: &str) -> Result<SocketAddr, Failure> {
     s.parse().map_err(|_| {
@@ -111,16 +103,27 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.max_keys == 0 {
         return Err(Failure::usage("--max-keys: give at least 1"));
     }
-    let overrides_file = match args.overrides_file.as_str() {
-        "none" | "" => None,
-        p => Some(PathBuf::from(p)),
+    let admin_addr = addr("admin-addr", &args.admin_addr)?;
+    let overrides = match args.overrides_file.as_deref() {
+        Some("none" | "") => OverridesFile::Off,
+        Some(p) => OverridesFile::At(PathBuf::from(p)),
+        None => {
+            let instance = args.instance.clone().unwrap_or_else(|| state::instance_for(admin_addr));
+            state::check_instance_name(&instance).map_err(|e| Failure::usage(format!("--instance: {e}")))?;
+            let state_dir = args.state_dir.clone().unwrap_or_else(state::default_state_dir);
+            OverridesFile::Instance { state_dir, instance }
+        }
+    };
+    let rules = match &args.config {
+        Some(dir) => RulesSource::Dir(dir.clone()),
+        None => RulesSource::Embedded(floodgate_server::BUNDLED_RULES),
     };
     Ok(Config {
-        rules_dir: args.config.clone().unwrap_or_else(default_rules_dir),
-        admin_addr: addr("admin-addr", &args.admin_addr)?,
+        rules,
+        admin_addr,
         admin_token: args.admin_token.clone(),
         headers,
-        overrides_file,
+        overrides,
         redis,
         max_keys: args.max_keys,
         watch: !args.no_watch,

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use cli::{Served, run};
+use cli::{Served, http, http_get, run};
 use floodgate_redis::testing::RedisServer;
 use serde_json::Value;
 
@@ -188,29 +188,6 @@ fn two_proxies_on_one_redis_share_each_clients_limit_and_a_dead_redis_gets_the_f
     }
     // A client already over its limit stays denied (the over-limit cache).
     assert_eq!(http_get(&a.proxy, "/healthz").0, 429);
-}
-
-/// A plain HTTP/1.1 GET: (status, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    http(addr, "GET", path, "")
-}
-
-/// A plain HTTP/1.1 request with a JSON body: (status, body).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn the_bundled_examples_are_valid() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/config");
     let (code, out, err) = validate(&examples);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("4 domains"), "{out}");
+    assert!(out.contains("5 domains"), "{out}");
     assert!(!out.contains("warning"), "{out}");
 }
 

@@ -9,26 +9,73 @@ use super::model::RuleSet;
 use super::parse::{FileParser, LoadOptions};
 use super::{ConfigError, ConfigErrors, Pos};
 
+/// Rules files read but not yet parsed: each file's name and text, and
+/// the files that could not be read. Compare two reads with
+/// [`Sources::digest`] to tell whether anything a reload would see changed.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Where they came from (for messages): a directory, or `<embedded>`.
+    pub origin: PathBuf,
+    /// `(path, text)` of every file, sorted by path.
+    pub files: Vec<(PathBuf, String)>,
+    /// Files that could not be read, each with why.
+    pub errors: Vec<ConfigError>,
+}
+
+impl Sources {
+    /// Read every `*.yaml` / `*.yml` file under `dir` (recursively; hidden
+    /// files and directories skipped; symlinks followed). Fails only when
+    /// the directory itself cannot be listed; a file that cannot be read is
+    /// kept as an error, reported with the others at build time.
+    pub fn read_dir(dir: &Path, opts: &LoadOptions) -> Result<Sources, ConfigErrors> {
+        let files = rule_files(dir, opts.max_files).map_err(|m| ConfigErrors(vec![error(dir, Pos::default(), m)]))?;
+        let mut sources = Sources { origin: dir.to_owned(), ..Sources::default() };
+        for path in files {
+            match read_bounded(&path, opts.max_file_bytes) {
+                Ok(text) => sources.files.push((path, text)),
+                Err(message) => sources.errors.push(error(&path, Pos::default(), message)),
+            }
+        }
+        Ok(sources)
+    }
+
+    /// Files compiled into a program, `(name, text)`: each is named
+    /// `<embedded>/name` in messages and listings.
+    pub fn embedded(files: &[(&str, &str)]) -> Sources {
+        let origin = PathBuf::from("<embedded>");
+        let mut files: Vec<(PathBuf, String)> =
+            files.iter().map(|(name, text)| (origin.join(name), (*text).to_owned())).collect();
+        files.sort();
+        Sources { origin, files, errors: Vec::new() }
+    }
+
+    /// A hash of every file's path and text and of every read error: equal
+    /// digests mean a reload would build the same rules.
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.files.hash(&mut h);
+        for e in &self.errors {
+            e.to_string().hash(&mut h);
+        }
+        h.finish()
+    }
+}
+
 impl RuleSet {
     /// Load every `*.yaml` / `*.yml` file under `dir` (recursively; hidden
     /// files and directories skipped), one domain per file. All problems of
     /// all files are reported at once; nothing is returned unless every file
     /// is valid.
     pub fn load_dir(dir: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigErrors> {
-        let fail = |message: String| ConfigErrors(vec![error(dir, Pos::default(), message)]);
-        let mut files = Vec::new();
-        collect(dir, &mut files, opts.max_files).map_err(fail)?;
-        files.sort();
-        let mut sources = Vec::with_capacity(files.len());
-        let mut errors = Vec::new();
-        for path in files {
-            match read_bounded(&path, opts.max_file_bytes) {
-                Ok(text) => sources.push((path, text)),
-                Err(message) => errors.push(error(&path, Pos::default(), message)),
-            }
-        }
-        let result = RuleSet::from_sources(sources, opts);
-        match result {
+        RuleSet::build(Sources::read_dir(dir, opts)?, opts)
+    }
+
+    /// Build from files already read: every read error and every parse
+    /// error at once, or the rules.
+    pub fn build(sources: Sources, opts: &LoadOptions) -> Result<RuleSet, ConfigErrors> {
+        let Sources { origin, files, mut errors } = sources;
+        match RuleSet::from_sources(files, opts) {
             Err(ConfigErrors(mut more)) => {
                 errors.append(&mut more);
                 Err(ConfigErrors::sorted(errors))
@@ -37,7 +84,7 @@ impl RuleSet {
             Ok(mut set) => {
                 if set.files.is_empty() {
                     set.warnings.push(error(
-                        dir,
+                        &origin,
                         Pos::default(),
                         "no rules files (*.yaml, *.yml) here: nothing is limited".into(),
                     ));
@@ -92,6 +139,20 @@ fn error(path: &Path, pos: Pos, message: String) -> ConfigError {
     ConfigError { file: path.to_owned(), pos, field: String::new(), message }
 }
 
+/// The rules files under `dir`, sorted, as [`Sources::read_dir`] reads
+/// them (at most `max`): what a watcher should look at.
+pub fn rule_files(dir: &Path, max: usize) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    collect(dir, &mut files, max)?;
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `path` names a rules file (`*.yaml`, `*.yml`).
+pub fn is_rules_file(path: &Path) -> bool {
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+}
+
 fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
     let entries = fs::read_dir(dir).map_err(|e| format!("cannot read the rules directory: {e}"))?;
     for entry in entries {
@@ -106,7 +167,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String>
         let is_dir = meta.as_ref().map_or(kind.is_dir(), fs::Metadata::is_dir);
         if is_dir {
             collect(&path, out, max)?;
-        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+        } else if is_rules_file(&path) {
             out.push(path);
             if out.len() > max {
                 return Err(format!("more than {max} rules files: raise the bound or split the directory"));

@@ -22,6 +22,7 @@ mod parse;
 pub(crate) mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use load::{Sources, is_rules_file, rule_files};
 pub use matcher::{Match, RequestMatch, counter_key};
 pub use model::{Action, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Unit};
 pub use parse::{LoadOptions, parse_limits};

@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -60,6 +61,7 @@ pub struct Served {
     pub admin: String,
     /// The proxy's address (`floodgate proxy` only).
     pub proxy: String,
+    log: Arc<Mutex<Vec<String>>>,
     _dir: TempDir,
 }
 
@@ -82,26 +84,37 @@ impl Served {
         for (i, doc) in rules.split("---\n").enumerate() {
             dir.write(&format!("rules/{i}.yaml"), doc);
         }
-        let mut child = floodgate()
-            .args(head)
+        let mut cmd = floodgate();
+        cmd.args(head)
             .args(["--log-format", "json", "--admin-addr", "127.0.0.1:0", "--config"])
             .arg(dir.0.join("rules"))
             .arg("--overrides-file")
             .arg(dir.0.join("overrides.redb"))
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .args(args);
+        Self::spawn(cmd, dir)
+    }
+
+    /// Run `cmd` (a `serve` or `proxy` command logging JSON) until it logs
+    /// that it is serving; `dir` lives as long as it does.
+    pub fn spawn(mut cmd: Command, dir: TempDir) -> Served {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(Vec::new()));
         let serving = loop {
             let line = lines.next().expect("serve logs that it is serving").unwrap();
             let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            log.lock().unwrap().push(line);
             if v["fields"]["message"] == "floodgate serving" {
                 break v;
             }
         };
         // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
         let field = |k: &str| serving["fields"][k].as_str().unwrap().to_owned();
         Served {
             grpc: field("grpc_addr"),
@@ -109,8 +122,14 @@ impl Served {
             admin: field("admin_addr"),
             proxy: field("proxy_addr"),
             child,
+            log,
             _dir: dir,
         }
+    }
+
+    /// The log lines (JSON) so far that contain `text`.
+    pub fn logged(&self, text: &str) -> Vec<String> {
+        self.log.lock().unwrap().iter().filter(|l| l.contains(text)).cloned().collect()
     }
 
     /// SIGTERM, then the exit code (within 10 s).
@@ -133,4 +152,33 @@ impl Drop for Served {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "GET", path, "")
+}
+
+/// A plain HTTP/1.1 request with a JSON body: (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (code, _, body) = http_full(addr, method, path, body);
+    (code, body)
+}
+
+/// A plain HTTP/1.1 request with a JSON body: (status, head, body).
+pub fn http_full(addr: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (code, head.to_owned(), body.to_owned())
 }

@@ -1,0 +1,183 @@
+//! Where an instance keeps its own files (today: the runtime overrides'
+//! database), so that several instances started from one directory never
+//! share one, and a restarted instance finds its own again.
+//!
+//! * The **state directory** (`--state-dir`, `FLOODGATE_STATE_DIR`):
+//!   `$XDG_STATE_HOME/floodgate`, else `$HOME/.local/state/floodgate`, else
+//!   `.floodgate` in the working directory.
+//! * The **instance name** (`--instance`, `FLOODGATE_INSTANCE`): by default
+//!   `admin-<IP>-<PORT>` of the configured admin address. Two instances
+//!   running at once cannot share an admin address, so they get different
+//!   names; a restart with the same settings gets the same name.
+//! * An instance's overrides live in `<state dir>/<instance>/overrides.redb`.
+//!   When that file is open in another process (two instances with the
+//!   admin port 0, whose names match), the next free `<instance>-2`,
+//!   `-3`, … is used, and logged.
+//! * The old default, `floodgate-overrides.redb` in the working directory,
+//!   is moved to the first instance that starts without one of its own
+//!   (logged); while another process has it open it stays where it is.
+//!
+//! With a Redis store, every instance still keeps its own local copy of the
+//! shared overrides, so it can start (and serve the last overrides it saw)
+//! while Redis is down.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::overrides::{OverrideError, Overrides};
+
+/// The old default overrides file, in the working directory.
+pub const LEGACY_OVERRIDES_FILE: &str = "floodgate-overrides.redb";
+
+/// Instances with the same name tried before giving up.
+const MAX_SLOTS: u32 = 16;
+
+/// Where the runtime overrides persist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OverridesFile {
+    /// No overrides (the admin API's override calls answer 404).
+    Off,
+    /// This file, as given.
+    At(PathBuf),
+    /// The instance's own file under the state directory.
+    Instance {
+        /// The state directory.
+        state_dir: PathBuf,
+        /// The instance name.
+        instance: String,
+    },
+}
+
+/// The default state directory, from the environment.
+pub fn default_state_dir() -> PathBuf {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(xdg) = var("XDG_STATE_HOME").filter(|p| p.is_absolute()) {
+        return xdg.join("floodgate");
+    }
+    if let Some(home) = var("HOME").filter(|p| p.is_absolute()) {
+        return home.join(".local/state/floodgate");
+    }
+    PathBuf::from(".floodgate")
+}
+
+/// The default instance name for an admin address: `admin-127.0.0.1-9090`
+/// (an IPv6 address with its colons as `_`).
+pub fn instance_for(admin: SocketAddr) -> String {
+    format!("admin-{}-{}", admin.ip().to_string().replace(':', "_"), admin.port())
+}
+
+/// Check an instance name: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting
+/// with a dot (it names a directory).
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "instance name `{name}`: use 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.` (e.g. api-eu-1)"
+        ))
+    }
+}
+
+/// Open the overrides `file` says, migrating the old default when it
+/// applies. `Ok(None)` when overrides are off; `Err` says what to change.
+pub fn open_overrides(file: &OverridesFile) -> Result<Option<Overrides>, String> {
+    match file {
+        OverridesFile::Off => Ok(None),
+        OverridesFile::At(path) => {
+            let o = Overrides::open(path).map_err(|e| format!("--overrides-file {}: {e}", path.display()))?;
+            tracing::info!(file = %path.display(), "runtime overrides persist here");
+            Ok(Some(o))
+        }
+        OverridesFile::Instance { state_dir, instance } => {
+            for slot in 1..=MAX_SLOTS {
+                let name = if slot == 1 { instance.clone() } else { format!("{instance}-{slot}") };
+                let dir = state_dir.join(&name);
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    format!("cannot create the state directory {}: {e}; give a writable --state-dir", dir.display())
+                })?;
+                let path = dir.join("overrides.redb");
+                if !path.exists() {
+                    migrate_legacy(Path::new(LEGACY_OVERRIDES_FILE), &path);
+                }
+                match Overrides::open(&path) {
+                    Ok(o) => {
+                        tracing::info!(file = %path.display(), instance = %name, "runtime overrides persist here");
+                        return Ok(Some(o));
+                    }
+                    Err(OverrideError::InUse(_)) => {
+                        tracing::info!(file = %path.display(), "open in another instance; trying the next name");
+                    }
+                    Err(e) => return Err(format!("overrides file {}: {e}", path.display())),
+                }
+            }
+            Err(format!(
+                "the overrides files of instance `{instance}` and of {MAX_SLOTS} numbered names after it are all open in other processes: give this one its own --instance NAME"
+            ))
+        }
+    }
+}
+
+/// Move the old default overrides file to `to`, unless another process has
+/// it open or it is absent. Logs what it did; a failure leaves it in place
+/// (the instance starts with the file at `to`, empty).
+fn migrate_legacy(legacy: &Path, to: &Path) {
+    if !legacy.is_file() {
+        return;
+    }
+    // redb locks an open database: opening it here tells whether an older
+    // instance still uses it.
+    match redb::Database::open(legacy) {
+        Ok(db) => drop(db),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            tracing::warn!(
+                legacy = %legacy.display(),
+                "the old default overrides file is open in another process: left in place; this instance uses {}",
+                to.display()
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(legacy = %legacy.display(), "the old default overrides file cannot be read ({e}): left in place");
+            return;
+        }
+    }
+    let moved = std::fs::rename(legacy, to).or_else(|_| {
+        // Another file system: copy, make it durable, then remove; a copy
+        // that fails halfway is removed.
+        let copied = std::fs::copy(legacy, to).and_then(|_| std::fs::File::open(to)?.sync_all());
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(to);
+            return Err(e);
+        }
+        std::fs::remove_file(legacy)
+    });
+    match moved {
+        Ok(()) => tracing::info!(
+            from = %legacy.display(),
+            to = %to.display(),
+            "moved the overrides file from its old default place to this instance's state directory"
+        ),
+        Err(e) => {
+            tracing::warn!(legacy = %legacy.display(), "could not move the old default overrides file ({e}): left in place")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_names_come_from_the_admin_address() {
+        assert_eq!(instance_for("127.0.0.1:9090".parse().unwrap()), "admin-127.0.0.1-9090");
+        assert_eq!(instance_for("[::1]:9091".parse().unwrap()), "admin-__1-9091");
+        assert!(check_instance_name(&instance_for("[fe80::1]:0".parse().unwrap())).is_ok());
+        for bad in ["", ".hidden", "a/b", "..", "x y", &"n".repeat(65)] {
+            assert!(check_instance_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
