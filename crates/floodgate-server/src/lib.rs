@@ -1,28 +1,24 @@
-//! floodgate's service: the protocol-neutral [`service`], its adapters —
-//! Envoy RLS v3 gRPC ([`grpc`]), the HTTP API ([`http`]), the admin API
-//! ([`admin`]) — with [`metrics`], rate-limit [`headers`], hot-reloaded rules
-//! ([`reload`]), runtime overrides persisted on disk ([`overrides`]), and
-//! [`serve`], which binds them all and shuts down gracefully.
+//! floodgate's service: the protocol-neutral [`service`] and, grouped by
+//! role around it:
+//!
+//! * [`protocol`]: its adapters — Envoy RLS v3 gRPC, the HTTP API, the
+//!   admin API — and the rate-limit headers;
+//! * [`proxy`]: the reverse proxy and its upstream pool;
+//! * [`rules`]: where limits come from — hot-reloaded rules files (or the
+//!   bundled ones compiled in) and runtime overrides;
+//! * [`runtime`]: what it runs on — the store chosen at start, metrics,
+//!   the instance's own files, per-thread runtimes;
+//! * [`serve`]: settings, then binding everything, then graceful shutdown.
 
-pub mod admin;
-mod bundled;
-pub mod grpc;
-pub mod headers;
-pub mod http;
-pub mod json;
-pub mod metrics;
-pub mod overrides;
+pub mod protocol;
 pub mod proxy;
-pub mod reload;
-mod runtimes;
+pub mod rules;
+pub mod runtime;
 pub mod serve;
 pub mod service;
-pub mod state;
-pub mod store;
-mod upstream;
 
-pub use bundled::BUNDLED_RULES;
 use floodgate_core::{MemoryStore, Store, SystemClock};
+pub use rules::BUNDLED_RULES;
 
 /// A store the server can run on: decides, and reports its own metrics.
 pub trait Backend: Store + std::fmt::Debug + 'static {
@@ -36,22 +32,22 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
 
 impl Backend for MemoryStore<SystemClock> {
     fn render_metrics(&self, out: &mut String) {
-        metrics::gauge(out, "floodgate_store_keys", "gauge", "Keys held by the in-memory store.", self.len());
-        metrics::gauge(
+        runtime::metrics::gauge(out, "floodgate_store_keys", "gauge", "Keys held by the in-memory store.", self.len());
+        runtime::metrics::gauge(
             out,
             "floodgate_store_max_keys",
             "gauge",
             "The in-memory store's bound on keys.",
             self.max_keys(),
         );
-        metrics::gauge(
+        runtime::metrics::gauge(
             out,
             "floodgate_store_evictions_total",
             "counter",
             "Keys evicted because the in-memory store was full.",
             self.evictions(),
         );
-        metrics::gauge(
+        runtime::metrics::gauge(
             out,
             "floodgate_store_memory_bytes",
             "gauge",

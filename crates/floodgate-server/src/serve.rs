@@ -22,17 +22,17 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::Backend;
-use crate::admin::{self, AdminState};
-use crate::grpc::Rls;
-use crate::headers::HeaderMode;
-use crate::http::{self, HttpState};
-use crate::metrics::Metrics;
+use crate::protocol::admin::{self, AdminState};
+use crate::protocol::grpc::Rls;
+use crate::protocol::headers::HeaderMode;
+use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
-use crate::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
-use crate::runtimes;
+use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::state::{OverridesFile, open_overrides};
+use crate::runtime::store::ServerStore;
+use crate::runtime::threads;
 use crate::service::Service;
-use crate::state::{OverridesFile, open_overrides};
-use crate::store::ServerStore;
 
 /// Everything `serve` needs to know.
 #[derive(Debug, Clone)]
@@ -72,7 +72,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            rules: RulesSource::Embedded(crate::bundled::BUNDLED_RULES),
+            rules: RulesSource::Embedded(crate::rules::BUNDLED_RULES),
             grpc_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
             http_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
@@ -139,7 +139,7 @@ where
         .map_err(|e| e.to_string())
 }
 
-/// gRPC on `n` single-threaded runtimes ([`runtimes::on_threads`]).
+/// gRPC on `n` single-threaded runtimes ([`threads::on_threads`]).
 /// Returns when every runtime has drained after shutdown.
 async fn per_thread_grpc(
     n: usize,
@@ -150,7 +150,7 @@ async fn per_thread_grpc(
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let serve_stop = stop.clone();
-    runtimes::on_threads(n, "grpc", listener, stop, move |handed| {
+    threads::on_threads(n, "grpc", listener, stop, move |handed| {
         let incoming = tokio_stream::StreamExt::map(
             tokio_stream::wrappers::UnboundedReceiverStream::new(handed),
             |(io, _peer)| tokio::net::TcpStream::from_std(io),

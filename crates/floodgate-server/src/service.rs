@@ -9,9 +9,9 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
-use crate::metrics::{Metrics, Protocol};
-use crate::overrides::{Override, Overrides};
-use crate::reload::Rules;
+use crate::rules::overrides::{Override, Overrides};
+use crate::rules::reload::Rules;
+use crate::runtime::metrics::{Metrics, Protocol};
 
 /// Most descriptors one request may carry (envoy sends a handful).
 pub const MAX_DESCRIPTORS: usize = 64;

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use floodgate_server::overrides::{Entry, OverrideError, OverrideSpec, Overrides};
+use floodgate_server::rules::overrides::{Entry, OverrideError, OverrideSpec, Overrides};
 use serde_json::json;
 
 #[path = "../../floodgate/tests/common/mod.rs"]
@@ -81,15 +81,15 @@ fn memory_service(
 ) -> (
     floodgate_server::service::Service<floodgate_core::MemoryStore>,
     std::sync::Arc<Overrides>,
-    std::sync::Arc<floodgate_server::metrics::Metrics>,
+    std::sync::Arc<floodgate_server::runtime::metrics::Metrics>,
 ) {
     use std::sync::Arc;
 
     use floodgate_core::MemoryStore;
     use floodgate_core::limiter::Limiter;
     use floodgate_core::rules::LoadOptions;
-    use floodgate_server::metrics::Metrics;
-    use floodgate_server::reload::Rules;
+    use floodgate_server::rules::reload::Rules;
+    use floodgate_server::runtime::metrics::Metrics;
     use floodgate_server::service::Service;
 
     std::fs::create_dir_all(dir.0.join("rules")).unwrap();
@@ -203,7 +203,7 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
 
 #[test]
 fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics() {
-    use floodgate_server::metrics::Protocol;
+    use floodgate_server::runtime::metrics::Protocol;
     use floodgate_server::service::{Descriptor, Request};
 
     let dir = TempDir::new("decide-now");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{ManualClock, MemoryStore};
-use floodgate_server::reload::{Rules, WatchOptions, watch};
+use floodgate_server::rules::reload::{Rules, WatchOptions, watch};
 
 #[path = "../../floodgate/tests/common/mod.rs"]
 mod common;
@@ -39,7 +39,7 @@ fn fast() -> WatchOptions {
     WatchOptions { debounce: Duration::from_millis(100), poll: Duration::from_millis(500), events: true }
 }
 
-fn start(dir: &Path) -> (Arc<Rules>, floodgate_server::reload::Watcher) {
+fn start(dir: &Path) -> (Arc<Rules>, floodgate_server::rules::reload::Watcher) {
     let rules = Rules::load(dir, LoadOptions::default()).unwrap();
     let watcher = watch(rules.clone(), fast()).unwrap();
     (rules, watcher)

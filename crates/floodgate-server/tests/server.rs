@@ -71,7 +71,7 @@ impl Server {
             http_addr: Some(any),
             admin_addr: any,
             admin_token: token.map(str::to_owned),
-            overrides: floodgate_server::state::OverridesFile::At(dir.0.join("overrides.redb")),
+            overrides: floodgate_server::runtime::state::OverridesFile::At(dir.0.join("overrides.redb")),
             body_limit: 4096,
             grpc_threads,
             ..Config::default()

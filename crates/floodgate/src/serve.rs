@@ -9,9 +9,9 @@ use floodgate_core::parse_duration;
 use std::time::Duration;
 
 use floodgate_server::proxy::{ProxyConfig, Upstream};
-use floodgate_server::reload::RulesSource;
+use floodgate_server::rules::reload::RulesSource;
+use floodgate_server::runtime::state::{self, OverridesFile};
 use floodgate_server::serve::{Config, ServeError, prepare};
-use floodgate_server::state::{self, OverridesFile};
 use floodgate_tower::{ForwardedHeader, TrustedProxies};
 
 use crate::cli::{CommonArgs, ProxyArgs, ServeArgs};

@@ -24,7 +24,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::overrides::{OverrideError, Overrides};
+use crate::rules::overrides::{OverrideError, Overrides};
 
 /// The old default overrides file, in the working directory.
 pub const LEGACY_OVERRIDES_FILE: &str = "floodgate-overrides.redb";

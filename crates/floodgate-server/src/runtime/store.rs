@@ -6,7 +6,7 @@ use floodgate_core::{Check, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::RedisStore;
 
 use crate::Backend;
-use crate::metrics::gauge;
+use crate::runtime::metrics::gauge;
 
 /// The in-memory store or the Redis store.
 #[derive(Debug)]

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 
-use crate::grpc::unit_from_proto;
-use crate::headers::{HeaderMode, headers};
+use crate::protocol::grpc::unit_from_proto;
+use crate::protocol::headers::{HeaderMode, headers};
 use crate::service::{Answer, Descriptor, LimitOverride, Request};
 
 /// A body that is not a valid request: the field path and what is wrong.
@@ -108,7 +108,7 @@ pub fn parse_pb_request(body: &[u8]) -> Result<Request, BadRequest> {
 /// The protobuf JSON mapping of the RLS response for `answer`, zero values
 /// left out as `protojson` does.
 pub fn pb_response(a: &Answer, mode: HeaderMode) -> Value {
-    let resp = crate::grpc::to_proto(a, mode);
+    let resp = crate::protocol::grpc::to_proto(a, mode);
     let code = |c: i32| {
         if c == 2 {
             "OVER_LIMIT"
@@ -146,7 +146,7 @@ pub fn pb_response(a: &Answer, mode: HeaderMode) -> Value {
             }
             if let Some(d) = &s.duration_until_reset {
                 let d = Duration::new(u64::try_from(d.seconds).unwrap_or(0), u32::try_from(d.nanos).unwrap_or(0));
-                o.insert("durationUntilReset".into(), duration_text(d).into());
+                o.insert("durationUntilReset".into(), crate::protocol::grpc::duration_text(d).into());
             }
             o.into()
         })
@@ -162,21 +162,6 @@ pub fn pb_response(a: &Answer, mode: HeaderMode) -> Value {
         o.insert("responseHeadersToAdd".into(), headers.into());
     }
     o.into()
-}
-
-/// A duration as protobuf JSON writes it: seconds with 0, 3, 6 or 9
-/// fractional digits and an `s` (`"1s"`, `"1.500s"`, `"0.000001s"`).
-pub fn duration_text(d: Duration) -> String {
-    let (s, n) = (d.as_secs(), d.subsec_nanos());
-    if n == 0 {
-        format!("{s}s")
-    } else if n % 1_000_000 == 0 {
-        format!("{s}.{:03}s", n / 1_000_000)
-    } else if n % 1_000 == 0 {
-        format!("{s}.{:06}s", n / 1_000)
-    } else {
-        format!("{s}.{n:09}s")
-    }
 }
 
 /// protojson reads 64-bit integers as numbers or decimal strings.
@@ -345,9 +330,9 @@ mod tests {
 
     #[test]
     fn durations_as_protojson_writes_them() {
-        assert_eq!(duration_text(Duration::from_secs(1)), "1s");
-        assert_eq!(duration_text(Duration::from_millis(1500)), "1.500s");
-        assert_eq!(duration_text(Duration::from_micros(1)), "0.000001s");
-        assert_eq!(duration_text(Duration::from_nanos(1)), "0.000000001s");
+        assert_eq!(crate::protocol::grpc::duration_text(Duration::from_secs(1)), "1s");
+        assert_eq!(crate::protocol::grpc::duration_text(Duration::from_millis(1500)), "1.500s");
+        assert_eq!(crate::protocol::grpc::duration_text(Duration::from_micros(1)), "0.000001s");
+        assert_eq!(crate::protocol::grpc::duration_text(Duration::from_nanos(1)), "0.000000001s");
     }
 }

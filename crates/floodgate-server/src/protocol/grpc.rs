@@ -16,8 +16,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate_core::Store;
 use floodgate_core::rules::Unit;
 
-use crate::headers::{HeaderMode, headers};
-use crate::metrics::Protocol;
+use crate::protocol::headers::{HeaderMode, headers};
+use crate::runtime::metrics::Protocol;
 use crate::service::{Answer, Descriptor, LimitOverride, Request, Service};
 
 /// The RLS gRPC service over a [`Service`].
@@ -113,7 +113,7 @@ pub fn to_proto(a: &Answer, mode: HeaderMode) -> RateLimitResponse {
                 let name = match (&info.name, info.unit) {
                     (Some(n), _) => n.to_string(),
                     (None, Some(_)) => String::new(),
-                    (None, None) => crate::json::duration_text(info.window),
+                    (None, None) => duration_text(info.window),
                 };
                 status.current_limit = Some(RateLimit {
                     name,
@@ -143,5 +143,20 @@ fn pb_duration(d: std::time::Duration) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// A duration as protobuf JSON writes it: seconds with 0, 3, 6 or 9
+/// fractional digits and an `s` (`"1s"`, `"1.500s"`, `"0.000001s"`).
+pub fn duration_text(d: std::time::Duration) -> String {
+    let (s, n) = (d.as_secs(), d.subsec_nanos());
+    if n == 0 {
+        format!("{s}s")
+    } else if n % 1_000_000 == 0 {
+        format!("{s}.{:03}s", n / 1_000_000)
+    } else if n % 1_000 == 0 {
+        format!("{s}.{:06}s", n / 1_000)
+    } else {
+        format!("{s}.{n:09}s")
     }
 }

@@ -4,11 +4,11 @@
 
 /// `(file name, text)` of every file in `examples/config`.
 pub const BUNDLED_RULES: &[(&str, &str)] = &[
-    ("api.yaml", include_str!("../../../examples/config/api.yaml")),
-    ("bench.yaml", include_str!("../../../examples/config/bench.yaml")),
-    ("proxy.yaml", include_str!("../../../examples/config/proxy.yaml")),
-    ("signup.yaml", include_str!("../../../examples/config/signup.yaml")),
-    ("social.yaml", include_str!("../../../examples/config/social.yaml")),
+    ("api.yaml", include_str!("../../../../examples/config/api.yaml")),
+    ("bench.yaml", include_str!("../../../../examples/config/bench.yaml")),
+    ("proxy.yaml", include_str!("../../../../examples/config/proxy.yaml")),
+    ("signup.yaml", include_str!("../../../../examples/config/signup.yaml")),
+    ("social.yaml", include_str!("../../../../examples/config/social.yaml")),
 ];
 
 #[cfg(test)]

@@ -19,9 +19,9 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::Backend;
-use crate::headers::{HeaderMode, headers};
-use crate::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
-use crate::metrics::{Protocol, gauge};
+use crate::protocol::headers::{HeaderMode, headers};
+use crate::protocol::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
+use crate::runtime::metrics::{Protocol, gauge};
 use crate::service::{Request, Service};
 
 /// Default largest request body: 64 KiB.

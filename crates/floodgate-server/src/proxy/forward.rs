@@ -43,10 +43,10 @@ use tokio::sync::watch;
 use tower_layer::Layer;
 use tower_service::Service as _;
 
-use crate::metrics::Protocol;
-use crate::runtimes;
+use crate::proxy::upstream::Pool;
+use crate::runtime::metrics::Protocol;
+use crate::runtime::threads;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
-use crate::upstream::Pool;
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
@@ -396,12 +396,12 @@ pub async fn serve_proxy<S: Store + 'static>(
     if threads == 0 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let serving = serve_connections(rx, layer, forward, header_timeout, stop.clone());
-        let accepting = runtimes::accept(listener, vec![tx], stop);
+        let accepting = threads::accept(listener, vec![tx], stop);
         let ((), served) = tokio::join!(accepting, serving);
         return served;
     }
     let serve_stop = stop.clone();
-    runtimes::on_threads(threads, "proxy", listener, stop, move |handed| {
+    threads::on_threads(threads, "proxy", listener, stop, move |handed| {
         serve_connections(handed, layer.clone(), forward.with_own_pool(), header_timeout, serve_stop.clone())
     })
     .await
@@ -410,7 +410,7 @@ pub async fn serve_proxy<S: Store + 'static>(
 /// Serve the connections from `incoming` on this runtime until `stop` or
 /// the end of `incoming`; then let open connections finish their requests.
 async fn serve_connections<S: Store + 'static>(
-    mut incoming: runtimes::Handed,
+    mut incoming: threads::Handed,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
     header_timeout: Duration,

@@ -26,9 +26,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Backend;
-use crate::http::{ApiError, body, error};
-use crate::json::parse;
-use crate::overrides::{Entry, OverrideError, OverrideSpec};
+use crate::protocol::http::{ApiError, body, error};
+use crate::protocol::json::parse;
+use crate::rules::overrides::{Entry, OverrideError, OverrideSpec};
 use crate::service::{Descriptor, Request as RlRequest, Service};
 
 /// What the admin handlers share.
@@ -133,7 +133,7 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
 /// The readiness report of `/readyz` (rules, reload status, warnings,
 /// store), always 200: the admin view of the instance's health.
 async fn status<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    let (_, body) = crate::http::readiness(&state.service, false).await;
+    let (_, body) = crate::protocol::http::readiness(&state.service, false).await;
     axum::Json(body).into_response()
 }
 

@@ -1,0 +1,9 @@
+//! The protocol adapters: each translates its protocol to the
+//! [`service`](crate::service)'s requests and the answers back, and holds
+//! no policy of its own.
+
+pub mod admin;
+pub mod grpc;
+pub mod headers;
+pub mod http;
+pub mod json;

@@ -1,0 +1,7 @@
+//! What the service runs on: the store chosen at start ([`store`]),
+//! metrics, the instance's own files ([`state`]) and per-thread runtimes.
+
+pub mod metrics;
+pub mod state;
+pub mod store;
+pub(crate) mod threads;
