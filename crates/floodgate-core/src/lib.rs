@@ -29,6 +29,7 @@ pub mod headers;
 mod limit;
 pub mod limiter;
 mod math;
+pub mod region;
 pub mod rules;
 mod state;
 pub mod store;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::{ConfigError, Pos};
 use crate::Limit;
+use crate::region::Scope;
 
 /// envoy's `rate_limit.unit`: a fixed window of this length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,6 +123,8 @@ pub struct Rule {
     /// For `failure_mode: local`: the limit used locally,
     /// `max(1, floor(limit * local_share))`.
     pub local_limit: Option<Limit>,
+    /// Which regions share the limit (`scope`, `sync`, `overshoot`).
+    pub scope: Scope,
     /// envoy's stats key for the descriptor (`domain.key1_value1.subkey1`).
     pub stats_key: String,
     /// Where the rule is defined.
@@ -142,6 +145,7 @@ impl Rule {
             detailed_metric: false,
             failure_mode: FailureMode::Open,
             local_limit: None,
+            scope: Scope::Region,
             stats_key,
             source: Source { file: u32::MAX, pos: Pos::default() },
         }

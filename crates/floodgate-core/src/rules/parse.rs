@@ -12,6 +12,7 @@ use std::path::Path;
 use super::model::{Action, DescNode, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, Source, Unit};
 use super::yaml::{self, Bounds, Node};
 use super::{ConfigError, ConfigErrors, Pos};
+use crate::region::{Scope, SyncMode, parse_overshoot};
 use crate::{Algorithm, AlgorithmKind, LeakyMode, Limit, LimitError, parse_duration};
 
 /// Bounds on what a rules directory may hold. Inputs beyond them are errors,
@@ -87,6 +88,9 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "mode",
     "failure_mode",
     "local_share",
+    "scope",
+    "sync",
+    "overshoot",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -119,6 +123,9 @@ struct RateLimitFields {
     mode: Option<(String, Pos)>,
     failure_mode: Option<(String, Pos)>,
     local_share: Option<(u32, Pos)>,
+    scope: Option<(String, Pos)>,
+    sync: Option<(String, Pos)>,
+    overshoot: Option<(String, Pos)>,
 }
 
 /// The descriptor-level flags a rule inherits from its descriptor.
@@ -630,6 +637,9 @@ impl<'a> FileParser<'a> {
                 }
                 "mode" => f.mode = self.string(v, &at).map(|s| (s, pos)),
                 "failure_mode" => f.failure_mode = self.string(v, &at).map(|s| (s, pos)),
+                "scope" => f.scope = self.string(v, &at).map(|s| (s, pos)),
+                "sync" => f.sync = self.string(v, &at).map(|s| (s, pos)),
+                "overshoot" => f.overshoot = self.string(v, &at).map(|s| (s, pos)),
                 _ => f.local_share = self.share(v, &at).map(|s| (s, pos)),
             }
         }
@@ -654,6 +664,7 @@ impl<'a> FileParser<'a> {
                 }
             },
         };
+        let scope = self.scope(&f, field);
         let (limit, local_limit) = if f.unlimited {
             self.check_unlimited(&f, field);
             (None, None)
@@ -672,6 +683,7 @@ impl<'a> FileParser<'a> {
             detailed_metric: flags.detailed_metric,
             failure_mode,
             local_limit,
+            scope,
             stats_key: stats_key.to_owned(),
             source: Source { file: self.file, pos: node.pos() },
         })
@@ -694,6 +706,9 @@ impl<'a> FileParser<'a> {
             ("burst", f.burst.map(|b| b.1)),
             ("granularity", f.granularity.map(|g| g.1)),
             ("mode", f.mode.as_ref().map(|m| m.1)),
+            ("scope", f.scope.as_ref().map(|m| m.1)),
+            ("sync", f.sync.as_ref().map(|m| m.1)),
+            ("overshoot", f.overshoot.as_ref().map(|m| m.1)),
         ];
         for (k, pos) in extensions {
             if let Some(pos) = pos {
@@ -785,6 +800,67 @@ impl<'a> FileParser<'a> {
                 None
             }
         }
+    }
+
+    /// `scope`, `sync` and `overshoot`, checked together. Whether the
+    /// regions exist, and whether a bounded rule's slice is at least one
+    /// hit, depend on how the service runs: `serve` checks those.
+    fn scope(&mut self, f: &RateLimitFields, field: &str) -> Scope {
+        let global = match &f.scope {
+            None => false,
+            Some((s, pos)) => match s.as_str() {
+                "region" => false,
+                "global" => true,
+                _ => {
+                    self.error(
+                        *pos,
+                        &format!("{field}.scope"),
+                        format!("unknown scope `{s}`: use region (this region's store alone, the default) or global (one limit across every region)"),
+                    );
+                    return Scope::Region;
+                }
+            },
+        };
+        if !global {
+            for (k, pos) in [("sync", f.sync.as_ref().map(|s| s.1)), ("overshoot", f.overshoot.as_ref().map(|s| s.1))] {
+                if let Some(pos) = pos {
+                    self.error(pos, &format!("{field}.{k}"), format!("{k} applies only to scope: global: add scope: global, or remove {k}"));
+                }
+            }
+            return Scope::Region;
+        }
+        let overshoot = f.overshoot.as_ref().and_then(|(o, pos)| {
+            parse_overshoot(o).map_err(|e| self.error(*pos, &format!("{field}.overshoot"), e)).ok()
+        });
+        let mode = match f.sync.as_ref().map(|(s, pos)| (s.as_str(), *pos)) {
+            None | Some(("eventual", _)) => {
+                if let Some((_, pos)) = &f.overshoot {
+                    self.error(*pos, &format!("{field}.overshoot"), "overshoot applies only to sync: bounded: add sync: bounded, or remove overshoot");
+                }
+                SyncMode::Eventual
+            }
+            Some(("bounded", pos)) => match (overshoot, &f.overshoot) {
+                (Some(overshoot_ppm), _) => SyncMode::Bounded { overshoot_ppm },
+                (None, Some(_)) => SyncMode::Eventual,
+                (None, None) => {
+                    self.error(
+                        pos,
+                        &format!("{field}.overshoot"),
+                        "sync: bounded needs overshoot, the most the regions together may admit beyond the limit: e.g. overshoot: 5%",
+                    );
+                    SyncMode::Eventual
+                }
+            },
+            Some((other, pos)) => {
+                self.error(
+                    pos,
+                    &format!("{field}.sync"),
+                    format!("unknown sync `{other}`: use eventual (the default) or bounded (with overshoot: 5%)"),
+                );
+                SyncMode::Eventual
+            }
+        };
+        Scope::Global(mode)
     }
 
     /// For `failure_mode: local`, the limit kept locally:

@@ -503,3 +503,29 @@ request_descriptors:
     let list = errors("domain: p\nrequest_descriptors: 3\n");
     assert!(list[0].contains("2:22: request_descriptors: expected a list"), "{list:#?}");
 }
+
+#[test]
+fn scope_sync_and_overshoot() {
+    use crate::region::{Scope, SyncMode};
+    let set = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 60, scope: global}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 600, scope: global, sync: bounded, overshoot: 5%}\n  - key: c\n    rate_limit: {unit: minute, requests_per_unit: 6, scope: region}\n  - key: e\n    rate_limit: {unit: minute, requests_per_unit: 6}\n",
+    );
+    let scope = |k: &str| set.matches("d", &[(k, "x")]).unwrap().rules[0].scope;
+    assert_eq!(scope("a"), Scope::Global(SyncMode::Eventual));
+    assert_eq!(scope("b"), Scope::Global(SyncMode::Bounded { overshoot_ppm: 50_000 }));
+    assert_eq!(scope("c"), Scope::Region);
+    assert_eq!(scope("e"), Scope::Region, "the default");
+
+    let rl = |extra: &str| format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, requests_per_unit: 60, {extra}}}\n");
+    one_error(&rl("scope: planet"), "test.yaml:4:62: descriptors[0].rate_limit.scope: unknown scope `planet`");
+    one_error(&rl("sync: bounded, overshoot: 5%"), "sync applies only to scope: global");
+    one_error(&rl("scope: region, overshoot: 5%"), "overshoot applies only to scope: global");
+    one_error(&rl("scope: global, sync: bounded"), "sync: bounded needs overshoot");
+    one_error(&rl("scope: global, overshoot: 5%"), "overshoot applies only to sync: bounded");
+    one_error(&rl("scope: global, sync: strict"), "unknown sync `strict`: use eventual");
+    one_error(&rl("scope: global, sync: bounded, overshoot: 150%"), "overshoot `150%`");
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, scope: global}\n",
+        "unlimited takes no scope",
+    );
+}

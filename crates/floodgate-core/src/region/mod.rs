@@ -1,0 +1,13 @@
+//! Many regions: one limit shared by regions that each decide locally and
+//! share their usage asynchronously.
+//!
+//! A **region** is the instances that share one store (one instance with
+//! the memory store, or every instance on one Redis); its **peers** are the
+//! other regions. A `scope: global` limit's state is one **component** per
+//! (counter key, slot, region, incarnation): a region writes only its own,
+//! peers' arrive in batches and merge by maximum, so duplicated, reordered
+//! or replayed messages change nothing. Decisions read the sum.
+
+mod scope;
+
+pub use scope::{MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
