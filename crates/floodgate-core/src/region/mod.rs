@@ -8,6 +8,14 @@
 //! peers' arrive in batches and merge by maximum, so duplicated, reordered
 //! or replayed messages change nothing. Decisions read the sum.
 
+mod entry;
 mod scope;
+mod table;
+#[cfg(test)]
+mod tests;
+mod wire;
 
+pub use entry::{fingerprint, shape_of};
 pub use scope::{MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
+pub use table::{GlobalTable, LinkStats, MAX_PEERS, Receipt, RegionConfig, TableStats, is_global};
+pub use wire::{Ack, Batch, Component, Item, Shape};

@@ -58,7 +58,9 @@ pub const MAX_OVERSHOOT_PPM: u32 = 1_000_000;
 /// Parse an overshoot: a percentage (`5%`, `0.5%`, up to 4 decimals) or a
 /// fraction (`0.05`, up to 6 decimals), in (0, 100%]; parts per million.
 pub fn parse_overshoot(text: &str) -> Result<u32, String> {
-    let bad = || format!("overshoot `{text}`: write a percentage in (0%, 100%] such as 5% or 0.5%, or a fraction such as 0.05");
+    let bad = || {
+        format!("overshoot `{text}`: write a percentage in (0%, 100%] such as 5% or 0.5%, or a fraction such as 0.05")
+    };
     let text = text.trim();
     let (digits, scale) = match text.strip_suffix('%') {
         Some(p) => (p.trim(), 4),

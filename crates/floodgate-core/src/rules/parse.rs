@@ -824,7 +824,11 @@ impl<'a> FileParser<'a> {
         if !global {
             for (k, pos) in [("sync", f.sync.as_ref().map(|s| s.1)), ("overshoot", f.overshoot.as_ref().map(|s| s.1))] {
                 if let Some(pos) = pos {
-                    self.error(pos, &format!("{field}.{k}"), format!("{k} applies only to scope: global: add scope: global, or remove {k}"));
+                    self.error(
+                        pos,
+                        &format!("{field}.{k}"),
+                        format!("{k} applies only to scope: global: add scope: global, or remove {k}"),
+                    );
                 }
             }
             return Scope::Region;
@@ -835,7 +839,11 @@ impl<'a> FileParser<'a> {
         let mode = match f.sync.as_ref().map(|(s, pos)| (s.as_str(), *pos)) {
             None | Some(("eventual", _)) => {
                 if let Some((_, pos)) = &f.overshoot {
-                    self.error(*pos, &format!("{field}.overshoot"), "overshoot applies only to sync: bounded: add sync: bounded, or remove overshoot");
+                    self.error(
+                        *pos,
+                        &format!("{field}.overshoot"),
+                        "overshoot applies only to sync: bounded: add sync: bounded, or remove overshoot",
+                    );
                 }
                 SyncMode::Eventual
             }

@@ -516,7 +516,11 @@ fn scope_sync_and_overshoot() {
     assert_eq!(scope("c"), Scope::Region);
     assert_eq!(scope("e"), Scope::Region, "the default");
 
-    let rl = |extra: &str| format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, requests_per_unit: 60, {extra}}}\n");
+    let rl = |extra: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, requests_per_unit: 60, {extra}}}\n"
+        )
+    };
     one_error(&rl("scope: planet"), "test.yaml:4:62: descriptors[0].rate_limit.scope: unknown scope `planet`");
     one_error(&rl("sync: bounded, overshoot: 5%"), "sync applies only to scope: global");
     one_error(&rl("scope: region, overshoot: 5%"), "overshoot applies only to scope: global");

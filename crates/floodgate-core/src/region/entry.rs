@@ -1,0 +1,359 @@
+//! One global key's state in one region: its own component and the
+//! components peers sent, per slot; for the GCRA family also the local
+//! bucket, into which peers' usage is poured as debt.
+
+use crate::region::wire::Shape;
+use crate::region::{SyncMode, slice};
+use crate::state::Inner;
+use crate::{Algorithm, Decision, Limit, State};
+
+/// The rule a region decides a key with (from its own rules).
+#[derive(Debug, Clone)]
+pub(crate) struct RuleMeta {
+    pub(crate) limit: Limit,
+    pub(crate) mode: SyncMode,
+    pub(crate) fingerprint: u64,
+}
+
+/// A peer region's (or an earlier incarnation's) count in one slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Comp {
+    pub(crate) region: u16,
+    pub(crate) incarnation: u64,
+    pub(crate) count: u64,
+}
+
+/// One slot: this region's own count, what each peer acknowledged of it,
+/// and the other components.
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    pub(crate) id: u64,
+    pub(crate) own: u64,
+    /// Per peer: the largest own count it acknowledged.
+    pub(crate) acked: Box<[u64]>,
+    pub(crate) comps: Vec<Comp>,
+}
+
+impl Slot {
+    fn new(id: u64, peers: usize) -> Self {
+        Slot { id, own: 0, acked: vec![0; peers].into_boxed_slice(), comps: Vec::new() }
+    }
+
+    fn total(&self) -> u64 {
+        self.comps.iter().fold(self.own, |s, c| s.saturating_add(c.count))
+    }
+
+    /// Own hits not yet acknowledged by every peer.
+    fn unacked(&self) -> u64 {
+        let least = self.acked.iter().copied().min().unwrap_or(self.own);
+        self.own.saturating_sub(least)
+    }
+}
+
+/// A key's state.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Entry {
+    pub(crate) shape: Option<Shape>,
+    pub(crate) rule: Option<RuleMeta>,
+    /// The GCRA family's local bucket, peers' debt included.
+    pub(crate) tat: State,
+    /// GCRA debt from peers that arrived before this region knew the rule,
+    /// in hits, and when the first of it arrived.
+    pub(crate) pending: u64,
+    pub(crate) pending_since: u64,
+    /// Ascending by id.
+    pub(crate) slots: Vec<Slot>,
+    /// Bit `p`: queued to be sent to peer `p`.
+    pub(crate) queued: u64,
+}
+
+/// What kind of counts a limit keeps; `None` for `sliding_log`, which
+/// cannot be global.
+pub fn shape_of(limit: &Limit) -> Option<Shape> {
+    let w = limit.window_us();
+    Some(match limit.algorithm() {
+        Algorithm::FixedWindow => Shape::Windowed { slot_us: w, horizon: 1 },
+        Algorithm::SlidingWindow => Shape::Windowed { slot_us: w, horizon: 2 },
+        Algorithm::SlidingBuckets { granularity } => {
+            Shape::Windowed { slot_us: w / u64::from(*granularity), horizon: *granularity }
+        }
+        Algorithm::SlidingLog => return None,
+        Algorithm::Gcra { .. } | Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
+            // The full refill time: a hit's debt has drained by then.
+            let refill = u128::from(limit.burst()) * u128::from(w) / u128::from(limit.limit().max(1));
+            Shape::Gcra { slot_us: u64::try_from(refill).unwrap_or(u64::MAX).max(w.min(1_000)).max(1) }
+        }
+    })
+}
+
+/// The digest a region sends with a key's components: the limit's own
+/// fingerprint and the sync mode.
+pub fn fingerprint(limit: &Limit, mode: SyncMode) -> u64 {
+    let m = match mode {
+        SyncMode::Eventual => 0,
+        SyncMode::Bounded { overshoot_ppm } => u64::from(overshoot_ppm) + 1,
+    };
+    (u64::from(limit.fingerprint()) << 32) ^ m.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// What a region may still admit beyond what it knows, when that is
+/// bounded: the slice of a `bounded` rule, and while the region is warming
+/// (restarted, not every peer has sent it their state) at most its slice,
+/// or for an `eventual` rule its share of the limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caps {
+    pub(crate) regions: usize,
+    pub(crate) warming: bool,
+    /// The wait suggested to a request the caps deny (µs): about one sync
+    /// round trip.
+    pub(crate) retry_us: u64,
+}
+
+impl Entry {
+    /// The rule to decide with (resets the counts when its shape changed:
+    /// a changed limit starts fresh, as anywhere else).
+    pub(crate) fn set_rule(&mut self, limit: &Limit, mode: SyncMode, shape: Shape, peers: usize) {
+        let fingerprint = fingerprint(limit, mode);
+        if self.rule.as_ref().is_some_and(|r| r.fingerprint == fingerprint) {
+            return;
+        }
+        if self.shape.is_some_and(|s| s != shape) {
+            self.slots.clear();
+            self.tat = State::new();
+            self.pending = 0;
+        }
+        self.shape = Some(shape);
+        self.rule = Some(RuleMeta { limit: limit.clone(), mode, fingerprint });
+        let _ = peers;
+        self.drain_pending();
+    }
+
+    /// Pour GCRA debt that arrived before the rule was known into the bucket.
+    fn drain_pending(&mut self) {
+        if self.pending == 0 {
+            return;
+        }
+        if let Some(r) = &self.rule {
+            let (pending, since) = (self.pending, self.pending_since);
+            self.pending = 0;
+            add_debt(&r.limit, &mut self.tat, since, pending);
+        }
+    }
+
+    /// The current slot id for `now`.
+    fn slot_at(&self, now: u64) -> Option<u64> {
+        self.shape.map(|s| now / s.slot_us())
+    }
+
+    /// Drop slots that no longer count at `now`.
+    pub(crate) fn prune(&mut self, now: u64) {
+        let Some(shape) = self.shape else { return };
+        let cur = now / shape.slot_us();
+        let oldest = (cur + 1).saturating_sub(shape.horizon());
+        if self.slots.first().is_some_and(|s| s.id < oldest) {
+            self.slots.retain(|s| s.id >= oldest);
+        }
+    }
+
+    fn slot_mut(&mut self, id: u64, peers: usize) -> &mut Slot {
+        let i = match self.slots.binary_search_by_key(&id, |s| s.id) {
+            Ok(i) => i,
+            Err(i) => {
+                self.slots.insert(i, Slot::new(id, peers));
+                i
+            }
+        };
+        &mut self.slots[i]
+    }
+
+    fn total(&self, id: u64) -> u64 {
+        self.slots.binary_search_by_key(&id, |s| s.id).map_or(0, |i| self.slots[i].total())
+    }
+
+    /// Decide `hits` at `now` with the rule set by [`Entry::set_rule`]:
+    /// the algorithm over the sum of every region's counts (the GCRA
+    /// family: over the local bucket, peers' debt included), then the
+    /// caps; admitted hits join this region's own component. Returns the
+    /// decision and whether the own component changed.
+    pub(crate) fn decide(&mut self, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, bool) {
+        let (Some(rule), Some(shape)) = (self.rule.clone(), self.shape) else {
+            return (Decision::deny(0, 0, 0, None), false);
+        };
+        let limit = &rule.limit;
+        self.prune(now);
+        let cur = now / shape.slot_us();
+        let (d, gcra_state) = match (shape, limit.algorithm()) {
+            (Shape::Gcra { .. }, _) => {
+                let mut t = self.tat.clone();
+                (limit.apply(&mut t, now, hits), Some(t))
+            }
+            (Shape::Windowed { horizon, .. }, algorithm) => {
+                let mut synth = self.synthetic(algorithm, cur, horizon);
+                (limit.apply(&mut synth, now, hits), None)
+            }
+        };
+        if !d.allowed || hits == 0 {
+            return (d, false);
+        }
+        // The caps: what this region may admit beyond what it knows.
+        let capacity = match shape {
+            Shape::Gcra { .. } => limit.burst(),
+            Shape::Windowed { .. } => limit.limit(),
+        };
+        let own: u64 = self.slots.iter().map(|s| s.own).sum();
+        let unacked: u64 = self.slots.iter().map(Slot::unacked).sum();
+        let cap = match rule.mode {
+            SyncMode::Bounded { overshoot_ppm } => {
+                let s = slice(overshoot_ppm, capacity, caps.regions);
+                let left = s.saturating_sub(unacked);
+                let warm_left = if caps.warming { s.saturating_sub(own) } else { u64::MAX };
+                Some((left.min(warm_left), s))
+            }
+            SyncMode::Eventual if caps.warming => {
+                let share = (capacity / u64::try_from(caps.regions.max(1)).unwrap_or(1)).max(1);
+                Some((share.saturating_sub(own), share))
+            }
+            SyncMode::Eventual => None,
+        };
+        if let Some((left, whole)) = cap
+            && hits > left
+        {
+            // Acknowledgements (or the peers' state) free it, about a sync
+            // round trip from now: the hint; a request larger than the
+            // whole slice can never pass, and gets no retry time.
+            let remaining = left.min(d.remaining.saturating_add(hits));
+            let retry = (hits <= whole).then_some(caps.retry_us.max(1));
+            let reset = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
+            return (Decision::deny(d.limit, remaining, reset, retry), false);
+        }
+        if let Some(t) = gcra_state {
+            self.tat = t;
+        }
+        let slot = self.slot_mut(cur, peers);
+        slot.own = slot.own.saturating_add(hits);
+        (d, true)
+    }
+
+    /// The window algorithms' state as if one region held every count.
+    fn synthetic(&self, algorithm: &Algorithm, cur: u64, horizon: u32) -> State {
+        match algorithm {
+            Algorithm::SlidingWindow => State(Inner::Sliding {
+                id: cur,
+                prev: cur.checked_sub(1).map_or(0, |p| self.total(p)),
+                cur: self.total(cur),
+            }),
+            Algorithm::SlidingBuckets { .. } => {
+                let g = horizon as usize;
+                let mut ring = vec![0u64; g + 2];
+                ring[0] = cur;
+                for s in &self.slots {
+                    if s.id <= cur && cur - s.id < horizon as u64 {
+                        let t = s.total();
+                        ring[2 + (s.id % horizon as u64) as usize] = t;
+                        ring[1] = ring[1].saturating_add(t);
+                    }
+                }
+                State(Inner::Buckets(ring.into_boxed_slice()))
+            }
+            _ => State(Inner::Window { id: cur, count: self.total(cur) }),
+        }
+    }
+
+    /// Give back `hits` admitted at `at` (another limit of the request
+    /// denied it). Locally exact; a peer that already holds the larger count
+    /// keeps it until the slot ends (the max never decreases), which can only
+    /// make it stricter.
+    pub(crate) fn refund(&mut self, at: u64, now: u64, hits: u64) -> bool {
+        let (Some(rule), Some(shape)) = (&self.rule, self.shape) else { return false };
+        if let Shape::Gcra { .. } = shape {
+            rule.limit.refund(&mut self.tat, at, now, hits);
+        }
+        let id = at / shape.slot_us();
+        match self.slots.binary_search_by_key(&id, |s| s.id) {
+            Ok(i) => {
+                let s = &mut self.slots[i];
+                s.own = s.own.saturating_sub(hits);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Merge one component from a peer at `now`; whether it changed
+    /// anything. Older than the slots that still count: dropped (its hits
+    /// no longer matter anywhere).
+    pub(crate) fn merge(&mut self, region: u16, incarnation: u64, id: u64, count: u64, now: u64, peers: usize) -> bool {
+        let Some(shape) = self.shape else { return false };
+        let cur = now / shape.slot_us();
+        if id.saturating_add(shape.horizon()) <= cur {
+            return false;
+        }
+        let slot = self.slot_mut(id, peers);
+        let delta = match slot.comps.iter_mut().find(|c| c.region == region && c.incarnation == incarnation) {
+            Some(c) if count > c.count => {
+                let d = count - c.count;
+                c.count = count;
+                d
+            }
+            Some(_) => return false,
+            None => {
+                slot.comps.push(Comp { region, incarnation, count });
+                count
+            }
+        };
+        if delta > 0
+            && let Shape::Gcra { .. } = shape
+        {
+            match &self.rule {
+                Some(r) => add_debt(&r.limit, &mut self.tat, now, delta),
+                None => {
+                    if self.pending == 0 {
+                        self.pending_since = now;
+                    }
+                    self.pending = self.pending.saturating_add(delta);
+                }
+            }
+        }
+        delta > 0
+    }
+
+    /// Record that peer `p` acknowledged own count `count` in slot `id`.
+    pub(crate) fn acked(&mut self, p: usize, id: u64, count: u64) {
+        if let Ok(i) = self.slots.binary_search_by_key(&id, |s| s.id)
+            && let Some(a) = self.slots[i].acked.get_mut(p)
+        {
+            *a = (*a).max(count);
+        }
+    }
+
+    /// Own hits not yet acknowledged by every peer, over the slots that count.
+    pub(crate) fn unacked(&self) -> u64 {
+        self.slots.iter().map(Slot::unacked).sum()
+    }
+
+    /// Nothing left to remember at `now`.
+    pub(crate) fn idle(&self, now: u64) -> bool {
+        let drained = match &self.tat.0 {
+            Inner::Tat { us, .. } => *us <= now,
+            _ => true,
+        };
+        self.slots.is_empty() && self.pending == 0 && self.queued == 0 && drained
+    }
+
+    /// The current slot id, if the shape is known.
+    pub(crate) fn current_slot(&self, now: u64) -> Option<u64> {
+        self.slot_at(now)
+    }
+}
+
+/// `tat = max(tat, at) + hits × T`, exactly (T = window / limit as a
+/// fraction: microseconds plus a remainder in 1/limit).
+fn add_debt(limit: &Limit, tat: &mut State, at: u64, hits: u64) {
+    let l = u128::from(limit.limit().max(1));
+    let (us, rem) = tat.tat();
+    let base = if *us >= at { u128::from(*us) * l + u128::from(*rem) } else { u128::from(at) * l };
+    let debt = u128::from(hits) * u128::from(limit.window_us());
+    let t = base.saturating_add(debt);
+    *us = u64::try_from(t / l).unwrap_or(u64::MAX);
+    *rem = u64::try_from(t % l).unwrap_or(0);
+}

@@ -1,0 +1,181 @@
+//! The region state and sync engine, region by region, by hand.
+
+use std::time::Duration;
+
+use super::*;
+use crate::{Algorithm, Limit};
+
+const S: u64 = 1_000_000;
+
+fn tables(names: &[&str]) -> Vec<GlobalTable> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let peers = names.iter().filter(|p| *p != n).map(|p| (*p).to_owned()).collect();
+            GlobalTable::new(RegionConfig::new(*n, peers, 100 + i as u64)).unwrap()
+        })
+        .collect()
+}
+
+/// Everything `a` has for `b`, delivered and acknowledged, at `now`.
+fn sync(t: &[GlobalTable], a: usize, b: usize, now: u64) {
+    let p = t[a].peer_index(t[b].region()).unwrap();
+    while let Some(batch) = t[a].next_batch(p, now) {
+        let receipt = t[b].receive(&batch, now);
+        t[a].on_ack(p, &receipt.ack, now);
+        if batch.items.is_empty() && !batch.complete {
+            break;
+        }
+    }
+}
+
+fn sync_all(t: &[GlobalTable], now: u64) {
+    for _ in 0..3 {
+        for a in 0..t.len() {
+            for b in 0..t.len() {
+                if a != b {
+                    sync(t, a, b, now);
+                }
+            }
+        }
+    }
+}
+
+fn fixed(limit: u64) -> Limit {
+    Limit::new(Algorithm::FixedWindow, limit, Duration::from_secs(60)).unwrap()
+}
+
+fn admitted(t: &GlobalTable, key: &str, limit: &Limit, mode: SyncMode, n: u64, now: u64) -> u64 {
+    (0..n).filter(|_| t.apply(key, limit, mode, 1, now).unwrap().allowed).count() as u64
+}
+
+#[test]
+fn regions_see_each_others_usage_after_a_sync() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0); // warm-up: full state both ways
+    assert!(!t[0].warming() && !t[1].warming());
+    let l = fixed(10);
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "k", &l, e, 6, S), 6);
+    assert_eq!(admitted(&t[1], "k", &l, e, 6, S), 6, "eventual: stale views over-admit");
+    sync_all(&t, S);
+    assert_eq!(admitted(&t[0], "k", &l, e, 1, S), 0, "a sees 12 of 10");
+    assert_eq!(admitted(&t[1], "k", &l, e, 1, S), 0);
+    // The next window starts fresh everywhere.
+    assert_eq!(admitted(&t[0], "k", &l, e, 10, 61 * S), 10);
+}
+
+#[test]
+fn duplicated_replayed_and_reordered_batches_change_nothing() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    let l = fixed(100);
+    let e = SyncMode::Eventual;
+    admitted(&t[0], "k", &l, e, 3, S);
+    let first = t[0].next_batch(0, S).unwrap();
+    admitted(&t[0], "k", &l, e, 4, S);
+    let second = t[0].next_batch(0, S).unwrap();
+    // Newest first, then the older one twice: b keeps the largest, 7.
+    for b in [&second, &first, &first, &second] {
+        t[1].receive(b, S);
+    }
+    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 93);
+    assert!(t[1].stats().unchanged >= 3);
+}
+
+#[test]
+fn a_bounded_region_cut_off_admits_at_most_its_slice_beyond_what_it_knew() {
+    let t = tables(&["a", "b", "c"]);
+    sync_all(&t, 0);
+    // 600 per minute, 5%: each region's slice is 10.
+    let l = fixed(600);
+    let m = SyncMode::Bounded { overshoot_ppm: 50_000 };
+    assert_eq!(admitted(&t[0], "k", &l, m, 100, S), 10, "no acks: the slice");
+    sync_all(&t, S);
+    assert_eq!(t[0].unacked("k"), 0);
+    assert_eq!(admitted(&t[0], "k", &l, m, 100, 2 * S), 10, "acked: another slice");
+    // Partitioned: no more acks, no more than the slice.
+    assert_eq!(admitted(&t[0], "k", &l, m, 100, 3 * S), 0);
+    let d = t[0].apply("k", &l, m, 11, 3 * S).unwrap();
+    assert!(!d.allowed && d.retry_after.is_none(), "more than the slice: never, no retry");
+}
+
+#[test]
+fn the_caps_hold_for_synchronized_bursts_across_three_regions() {
+    let t = tables(&["a", "b", "c"]);
+    sync_all(&t, 0);
+    let l = fixed(600);
+    let m = SyncMode::Bounded { overshoot_ppm: 50_000 };
+    let mut total = 0;
+    for round in 0..200 {
+        for r in &t {
+            total += admitted(r, "k", &l, m, 5, S + round);
+        }
+        if round % 3 == 0 {
+            sync_all(&t, S + round);
+        }
+    }
+    assert!(total <= 630, "(1 + 5%) x 600 = 630, admitted {total}");
+    assert!(total >= 600, "and the limit is reached: {total}");
+}
+
+#[test]
+fn gcra_usage_arrives_as_debt() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    // 10 per second, burst 10.
+    let l = Limit::new(Algorithm::Gcra { burst: None }, 10, Duration::from_secs(1)).unwrap();
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "k", &l, e, 10, 5 * S), 10);
+    sync_all(&t, 5 * S);
+    assert_eq!(admitted(&t[1], "k", &l, e, 10, 5 * S), 0, "a's burst drained b's bucket");
+    // 500 ms later: 5 more tokens, in both.
+    assert_eq!(admitted(&t[1], "k", &l, e, 10, 5 * S + S / 2), 5);
+}
+
+#[test]
+fn a_restarted_region_warms_up_within_its_slice_and_recovers_its_old_usage() {
+    let mut t = tables(&["a", "b", "c"]);
+    sync_all(&t, 0);
+    let l = fixed(600);
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "k", &l, e, 300, S), 300);
+    sync_all(&t, S);
+    // a restarts with its state lost: a new incarnation.
+    t[0] = GlobalTable::new(RegionConfig::new("a", vec!["b".into(), "c".into()], 999)).unwrap();
+    assert!(t[0].warming());
+    assert_eq!(admitted(&t[0], "k", &l, e, 1_000, 2 * S), 200, "its share (600 / 3) while warming");
+    sync_all(&t, 2 * S);
+    assert!(!t[0].warming(), "every peer sent its full state");
+    // It knows its old usage (300, from its peers) and its new (200).
+    assert_eq!(t[0].apply("k", &l, e, 0, 2 * S).unwrap().remaining, 100);
+    assert_eq!(admitted(&t[1], "k", &l, e, 1_000, 2 * S), 100, "b sees both incarnations");
+}
+
+#[test]
+fn a_lost_batch_is_sent_again_and_a_refused_peer_list_says_why() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    let l = fixed(100);
+    let e = SyncMode::Eventual;
+    admitted(&t[0], "k", &l, e, 5, S);
+    let lost = t[0].next_batch(0, S).unwrap();
+    t[0].on_failure(0, lost.seq);
+    sync_all(&t, S);
+    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 95);
+    // Never acknowledged at all: sent again after the timeout.
+    admitted(&t[0], "k", &l, e, 5, S);
+    let _unanswered = t[0].next_batch(0, S).unwrap();
+    let again = t[0].next_batch(0, S + 3 * S).unwrap();
+    assert_eq!(again.items.len(), 1);
+    t[1].receive(&again, 4 * S);
+    assert_eq!(t[1].apply("k", &l, e, 0, 4 * S).unwrap().remaining, 90);
+
+    let err = |peers: &[&str]| {
+        GlobalTable::new(RegionConfig::new("a", peers.iter().map(|p| (*p).to_owned()).collect(), 1)).unwrap_err()
+    };
+    assert!(err(&["a"]).contains("its own peers"));
+    assert!(err(&["b", "b"]).contains("twice"));
+    assert!(err(&["b c"]).contains("without spaces"));
+}
