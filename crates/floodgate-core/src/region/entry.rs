@@ -67,6 +67,9 @@ pub(crate) struct Entry {
     pub(crate) queued: u64,
 }
 
+/// GCRA slots per full refill time.
+pub(crate) const GCRA_SLOTS_PER_REFILL: u128 = 4;
+
 /// What kind of counts a limit keeps; `None` for `sliding_log`, which
 /// cannot be global.
 pub fn shape_of(limit: &Limit) -> Option<Shape> {
@@ -79,9 +82,12 @@ pub fn shape_of(limit: &Limit) -> Option<Shape> {
         }
         Algorithm::SlidingLog => return None,
         Algorithm::Gcra { .. } | Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
-            // The full refill time: a hit's debt has drained by then.
+            // A quarter of the full refill time, after which a hit's debt
+            // has drained: debt is dated to the end of its slot, so a
+            // coarser slot would overstate late usage by more.
             let refill = u128::from(limit.burst()) * u128::from(w) / u128::from(limit.limit().max(1));
-            Shape::Gcra { slot_us: u64::try_from(refill).unwrap_or(u64::MAX).max(w.min(1_000)).max(1) }
+            let slot = refill.div_ceil(GCRA_SLOTS_PER_REFILL);
+            Shape::Gcra { slot_us: u64::try_from(slot).unwrap_or(u64::MAX).max(w.min(1_000)).max(1) }
         }
     })
 }
@@ -302,13 +308,20 @@ impl Entry {
             }
         };
         if delta > 0
-            && let Shape::Gcra { .. } = shape
+            && let Shape::Gcra { slot_us } = shape
         {
+            // The hits were admitted in slot `id`, so by its end: their debt
+            // starts then at the latest (never in the future), not when the
+            // message happened to arrive. A late message then costs only
+            // what has not drained since; a full state transfer to a
+            // restarted region does not turn three slots of old usage into
+            // fresh debt.
+            let at = now.min(id.saturating_add(1).saturating_mul(slot_us));
             match &self.rule {
-                Some(r) => add_debt(&r.limit, &mut self.tat, now, delta),
+                Some(r) => add_debt(&r.limit, &mut self.tat, at, delta),
                 None => {
-                    if self.pending == 0 {
-                        self.pending_since = now;
+                    if self.pending == 0 || at < self.pending_since {
+                        self.pending_since = at;
                     }
                     self.pending = self.pending.saturating_add(delta);
                 }

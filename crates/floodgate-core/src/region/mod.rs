@@ -9,7 +9,9 @@
 //! or replayed messages change nothing. Decisions read the sum.
 
 mod entry;
+pub mod goals;
 mod scope;
+pub mod sim;
 mod table;
 #[cfg(test)]
 mod tests;

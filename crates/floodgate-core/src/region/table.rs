@@ -33,8 +33,11 @@ pub struct RegionConfig {
     pub max_queue: usize,
     /// Batches awaiting their acknowledgement per peer (default 8).
     pub max_in_flight: usize,
-    /// A batch with no acknowledgement after this long (µs) is sent again
-    /// (default 2 s).
+    /// The sync interval (µs): how often the transport asks for batches
+    /// (default 100 ms).
+    pub interval_us: u64,
+    /// A batch with no acknowledgement after `interval + 2 × the link's
+    /// round trip` is sent again; never later than this (µs, default 2 s).
     pub ack_timeout_us: u64,
     /// An idle link sends an empty batch this often (µs), so incarnations
     /// and lag stay known (default 1 s).
@@ -54,6 +57,7 @@ impl RegionConfig {
             batch_items: 1_000,
             max_queue: 1 << 20,
             max_in_flight: 8,
+            interval_us: 100_000,
             ack_timeout_us: 2_000_000,
             heartbeat_us: 1_000_000,
             retry_hint_us: 200_000,
@@ -87,6 +91,8 @@ pub struct LinkStats {
     pub last_received_us: u64,
     /// Round trip of the last acknowledged batch (µs).
     pub rtt_us: u64,
+    /// Smoothed round trip (µs; 0 until the first acknowledgement).
+    pub srtt_us: u64,
     /// Keys waiting to be sent.
     pub queued: u64,
     /// Batches awaiting acknowledgement.
@@ -365,6 +371,16 @@ impl GlobalTable {
         }
     }
 
+    /// What this region knows of `key` at `now`: every live slot's total
+    /// over all regions, ascending (regions agree when their views are
+    /// equal).
+    pub fn view(&self, key: &str, now: u64) -> Vec<(u64, u64)> {
+        let mut shard = lock(self.shard(key));
+        let Some(e) = shard.get_mut(key) else { return Vec::new() };
+        e.prune(now);
+        e.slots.iter().map(|s| (s.id, s.comps.iter().fold(s.own, |t, c| t.saturating_add(c.count)))).collect()
+    }
+
     /// Own hits of `key` not yet acknowledged by every peer.
     pub fn unacked(&self, key: &str) -> u64 {
         lock(self.shard(key)).get(key).map_or(0, Entry::unacked)
@@ -481,7 +497,10 @@ impl GlobalTable {
     pub fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
         let expired = {
             let mut link = lock(&self.links[p]);
-            let timeout = self.cfg.ack_timeout_us;
+            // Unacknowledged after an interval and twice the round trip: lost
+            // (retransmitted, harmlessly if it was only slow).
+            let srtt = if link.stats.srtt_us == 0 { self.cfg.ack_timeout_us } else { link.stats.srtt_us };
+            let timeout = (self.cfg.interval_us + 2 * srtt).min(self.cfg.ack_timeout_us);
             let (gone, kept): (Vec<InFlight>, Vec<InFlight>) =
                 std::mem::take(&mut link.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
             link.in_flight = kept;
@@ -675,7 +694,9 @@ impl GlobalTable {
                 Some(i) => {
                     let f = link.in_flight.swap_remove(i);
                     link.stats.acks += 1;
-                    link.stats.rtt_us = now.saturating_sub(f.sent_us);
+                    let rtt = now.saturating_sub(f.sent_us);
+                    link.stats.rtt_us = rtt;
+                    link.stats.srtt_us = if link.stats.srtt_us == 0 { rtt } else { (7 * link.stats.srtt_us + rtt) / 8 };
                     if f.complete
                         && let Some(full) = &link.full
                         && full.for_incarnation == ack.incarnation

@@ -179,3 +179,66 @@ fn a_lost_batch_is_sent_again_and_a_refused_peer_list_says_why() {
     assert!(err(&["b", "b"]).contains("twice"));
     assert!(err(&["b c"]).contains("without spaces"));
 }
+
+mod simulated {
+    use std::time::Duration;
+
+    use crate::region::SyncMode;
+    use crate::region::sim::{Pattern, Spec, run};
+    use crate::{Algorithm, Limit};
+
+    fn limit(a: Algorithm, n: u64, secs: u64) -> Limit {
+        Limit::new(a, n, Duration::from_secs(secs)).unwrap()
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_report() {
+        let l = limit(Algorithm::FixedWindow, 300, 10);
+        let spec = Spec::goals(l, SyncMode::Eventual, Pattern::Steady, 7);
+        assert_eq!(run(&spec), run(&spec));
+        let other = Spec { seed: 8, ..spec.clone() };
+        assert_ne!(run(&spec), run(&other), "another seed, another run");
+    }
+
+    /// The bounded cap in every pattern, both families (a few seeds here;
+    /// `floodgate simulate --regions --goals` runs a hundred).
+    #[test]
+    fn the_bounded_cap_holds_in_every_pattern() {
+        let bounded = SyncMode::Bounded { overshoot_ppm: 50_000 };
+        for a in [Algorithm::FixedWindow, Algorithm::SlidingBuckets { granularity: 5 }, Algorithm::Gcra { burst: None }]
+        {
+            for p in Pattern::ALL {
+                if p == Pattern::Tiny {
+                    continue;
+                }
+                let n = if p == Pattern::ManyKeys { 60 } else { 300 };
+                for seed in 1..=2 {
+                    let mut spec = Spec::goals(limit(a, n, 10), bounded, p, seed);
+                    if p == Pattern::ManyKeys {
+                        spec.batch_items = 100;
+                    }
+                    let r = run(&spec);
+                    assert!(r.cap_held, "{:?} {} seed {seed}: {r:?}", a.kind(), p.as_str());
+                    assert!(r.admitted > 0, "{:?} {}: something is admitted", a.kind(), p.as_str());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn eventual_over_admission_stays_within_the_staleness_bound() {
+        for secs in [1, 10] {
+            let r =
+                run(&Spec::goals(limit(Algorithm::FixedWindow, 1_000, secs), SyncMode::Eventual, Pattern::Steady, 3));
+            assert!(r.worst_over as f64 <= 1.25 * r.staleness, "{secs}s: {r:?}");
+            assert!(r.false_denials * 100 <= r.exact, "{secs}s: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_healed_partition_converges_within_the_bound() {
+        let r = run(&Spec::goals(limit(Algorithm::FixedWindow, 300, 10), SyncMode::Eventual, Pattern::Partition, 5));
+        let c = r.convergence_us.expect("converged");
+        assert!(c <= r.convergence_bound_us, "{c} µs, bound {} µs", r.convergence_bound_us);
+    }
+}

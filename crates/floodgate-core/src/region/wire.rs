@@ -34,8 +34,8 @@ pub enum Shape {
         /// Slots that count toward a decision.
         horizon: u32,
     },
-    /// The GCRA family: counts per slot of `slot_us` (the full refill time),
-    /// turned into debt on arrival.
+    /// The GCRA family: counts per slot of `slot_us` (a quarter of the full
+    /// refill time), turned into debt on arrival.
     Gcra {
         /// Slot length.
         slot_us: u64,
@@ -50,12 +50,13 @@ impl Shape {
         }
     }
 
-    /// Slots kept: the ones a decision reads (the GCRA family: the current
-    /// one and two before, after which a hit's debt has fully drained).
+    /// Slots kept: the ones a decision reads (the GCRA family: a slot is a
+    /// quarter of the refill time, and a hit's debt has drained a refill
+    /// time after its slot ends: six).
     pub fn horizon(self) -> u64 {
         match self {
             Shape::Windowed { horizon, .. } => u64::from(horizon),
-            Shape::Gcra { .. } => 3,
+            Shape::Gcra { .. } => 6,
         }
     }
 }
