@@ -253,14 +253,14 @@ pub(crate) struct ValidateArgs {
 pub(crate) struct SimulateArgs {
     /// fixed_window, sliding_log, sliding_window, sliding_buckets,
     /// token_bucket, gcra or leaky_bucket (optional with --report).
-    #[arg(long, required_unless_present = "report")]
+    #[arg(long, required_unless_present_any = ["report", "goals", "regions"])]
     pub(crate) algorithm: Option<String>,
     /// Requests (units) per window.
-    #[arg(long)]
-    pub(crate) limit: u64,
+    #[arg(long, required_unless_present = "goals")]
+    pub(crate) limit: Option<u64>,
     /// Window: 250ms, 1s, 90s, 1m, 1h, 1d...
-    #[arg(long)]
-    pub(crate) window: String,
+    #[arg(long, required_unless_present = "goals")]
+    pub(crate) window: Option<String>,
     /// Capacity of token_bucket, gcra, leaky_bucket (default: the limit).
     #[arg(long)]
     pub(crate) burst: Option<u64>,
@@ -274,4 +274,76 @@ pub(crate) struct SimulateArgs {
     /// decisions.
     #[arg(long)]
     pub(crate) report: bool,
+    #[command(flatten)]
+    pub(crate) regions: RegionSimArgs,
+}
+
+/// `simulate --regions`: a deterministic WAN simulation of regions sharing a
+/// `scope: global` limit (no input read; nothing sleeps).
+#[derive(Debug, Args)]
+pub(crate) struct RegionSimArgs {
+    /// Simulate these regions sharing the limit: names, comma-separated
+    /// (e.g. a,b,c).
+    #[arg(long, value_name = "NAMES")]
+    pub(crate) regions: Option<String>,
+    /// One-way latency per pair: a-b=30ms,a-c=70ms,... (default: for a,b,c
+    /// 30, 70 and 120 ms; else 50 ms for every pair).
+    #[arg(long, requires = "regions")]
+    pub(crate) latency: Option<String>,
+    /// Each message's latency varies by up to ± this.
+    #[arg(long, default_value = "10ms", requires = "regions")]
+    pub(crate) jitter: String,
+    /// Messages lost, as a percentage.
+    #[arg(long, default_value = "1%", requires = "regions")]
+    pub(crate) loss: String,
+    /// Messages delivered twice, as a percentage.
+    #[arg(long, default_value = "1%", requires = "regions")]
+    pub(crate) dup: String,
+    /// Messages delivered after later ones, as a percentage.
+    #[arg(long, default_value = "1%", requires = "regions")]
+    pub(crate) reorder: String,
+    /// How often each region sends its usage.
+    #[arg(long, default_value = "100ms", requires = "regions")]
+    pub(crate) sync_interval: String,
+    /// Traffic per region, as weights (70,20,10; default: even).
+    #[arg(long, requires = "regions")]
+    pub(crate) split: Option<String>,
+    /// steady, burst, round-robin, shift, partition, tiny, heavy,
+    /// many-keys, restart or skew.
+    #[arg(long, default_value = "steady", requires = "regions")]
+    pub(crate) pattern: String,
+    /// Offered load, in limits per window.
+    #[arg(long, default_value_t = 2.0, requires = "regions")]
+    pub(crate) offered: f64,
+    /// How long to simulate, in windows.
+    #[arg(long, default_value_t = 3, requires = "regions")]
+    pub(crate) windows: u64,
+    /// Distinct keys (many-keys: at least 2.5 batches' worth).
+    #[arg(long, default_value_t = 1, requires = "regions")]
+    pub(crate) keys: u32,
+    /// Keys per sync batch.
+    #[arg(long, default_value_t = 1000, requires = "regions")]
+    pub(crate) batch: usize,
+    /// eventual or bounded.
+    #[arg(long = "sync", default_value = "eventual", requires = "regions")]
+    pub(crate) sync_mode: String,
+    /// For --sync bounded: 5%, 0.5%, 0.05...
+    #[arg(long, requires = "regions")]
+    pub(crate) overshoot: Option<String>,
+    /// The first random seed.
+    #[arg(long, default_value_t = 1, requires = "regions")]
+    pub(crate) seed: u64,
+    /// Seeds to run (seed, seed + 1, ...), summed.
+    #[arg(long, default_value_t = 1, requires = "regions")]
+    pub(crate) seeds: u64,
+    /// Print JSON instead of text.
+    #[arg(long, requires = "regions")]
+    pub(crate) json: bool,
+    /// Run the many-regions goals instead (the setting for every
+    /// mode, algorithm, window and pattern) and print their table.
+    #[arg(long)]
+    pub(crate) goals: bool,
+    /// Seeds per bounded row of --goals (each must keep the cap).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) goals_seeds: u64,
 }

@@ -37,20 +37,31 @@ fn store() -> SimStore {
     MemoryStore::builder().clock(ManualClock::new(0)).max_keys(usize::MAX >> 1).build()
 }
 
+mod regions;
+
 pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
-    let window = parse_duration(&args.window).map_err(|e| Failure::usage(format!("--window: {e}")))?;
+    if args.regions.goals {
+        return regions::goals(args);
+    }
+    if args.regions.regions.is_some() {
+        return regions::run(args);
+    }
+    let (Some(limit), Some(window)) = (args.limit, args.window.as_deref()) else {
+        return Err(Failure::usage("give --limit and --window"));
+    };
+    let window = parse_duration(window).map_err(|e| Failure::usage(format!("--window: {e}")))?;
     let mode = args.mode.as_deref().map(str::parse::<LeakyMode>).transpose().map_err(usage("--mode"))?;
     let stdin = io::stdin().lock();
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     let result = if args.report {
-        let limits = report_limits(args, window, mode)?;
+        let limits = report_limits(args, limit, window, mode)?;
         report(stdin, stdout, &limits)
     } else {
         let name = args.algorithm.as_deref().unwrap_or_default();
         let kind: AlgorithmKind = name.parse().map_err(usage("--algorithm"))?;
         let algorithm =
             Algorithm::from_parts(kind, args.burst, args.granularity, mode).map_err(usage("--algorithm"))?;
-        let limit = Limit::new(algorithm, args.limit, window).map_err(usage("--limit/--window"))?;
+        let limit = Limit::new(algorithm, limit, window).map_err(usage("--limit/--window"))?;
         replay(stdin, stdout, &limit)
     };
     match result {
@@ -151,13 +162,14 @@ fn write_failed(e: io::Error) -> Failure {
 /// The algorithms `--report` compares, first the exact reference.
 fn report_limits(
     args: &SimulateArgs,
+    limit: u64,
     window: Duration,
     mode: Option<LeakyMode>,
 ) -> Result<Vec<(String, Limit)>, Failure> {
     if args.algorithm.is_some() || mode.is_some() {
         return Err(Failure::usage("--report runs every algorithm: drop --algorithm and --mode"));
     }
-    if args.limit > floodgate_core::MAX_LOG_LIMIT {
+    if limit > floodgate_core::MAX_LOG_LIMIT {
         return Err(Failure::usage(format!(
             "--report compares with sliding_log, which supports limits up to {}; scale the trace down",
             floodgate_core::MAX_LOG_LIMIT
@@ -184,9 +196,7 @@ fn report_limits(
     algorithms
         .into_iter()
         .map(|(name, a)| {
-            Limit::new(a, args.limit, window)
-                .map(|l| (name.clone(), l))
-                .map_err(|e| Failure::usage(format!("{name}: {e}")))
+            Limit::new(a, limit, window).map(|l| (name.clone(), l)).map_err(|e| Failure::usage(format!("{name}: {e}")))
         })
         .collect()
 }
