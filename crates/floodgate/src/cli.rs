@@ -280,7 +280,7 @@ pub(crate) struct SimulateArgs {
 
 /// `simulate --regions`: a deterministic WAN simulation of regions sharing a
 /// `scope: global` limit (no input read; nothing sleeps).
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub(crate) struct RegionSimArgs {
     /// Simulate these regions sharing the limit: names, comma-separated
     /// (e.g. a,b,c).

@@ -338,14 +338,15 @@ mod tests {
         let trace = "{\"at_ms\": 900, \"key\": \"k\"}\n{\"at_ms\": 900, \"key\": \"k\"}\n{\"at_ms\": 1000, \"key\": \"k\"}\n{\"at_ms\": 1000, \"key\": \"k\"}\n";
         let args = SimulateArgs {
             algorithm: None,
-            limit: 2,
-            window: "1s".into(),
+            limit: Some(2),
+            window: Some("1s".into()),
             burst: None,
             granularity: None,
             mode: None,
             report: true,
+            regions: crate::cli::RegionSimArgs::default(),
         };
-        let limits = report_limits(&args, Duration::from_secs(1), None).unwrap();
+        let limits = report_limits(&args, 2, Duration::from_secs(1), None).unwrap();
         let mut out = Vec::new();
         report(trace.as_bytes(), &mut out, &limits).unwrap();
         let out = String::from_utf8(out).unwrap();

@@ -1,0 +1,276 @@
+//! The wire messages of `floodgate.sync.v1.Sync/Push`, written by hand
+//! (prost derives; no protoc, no build script), and their checked
+//! conversion to and from [`floodgate_core::region`]'s types.
+//!
+//! ```proto
+//! service Sync { rpc Push(SyncBatch) returns (SyncAck); }
+//! message SyncBatch { string from = 1; uint64 from_incarnation = 2; uint64 to_incarnation = 3;
+//!                     uint64 seq = 4; repeated SyncItem items = 5; bool complete = 6; }
+//! message SyncItem  { string key = 1; uint64 fingerprint = 2; uint32 kind = 3; uint64 slot_us = 4;
+//!                     uint32 horizon = 5; repeated SyncComponent components = 6; }
+//! message SyncComponent { string region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4; }
+//! message SyncAck   { string region = 1; uint64 incarnation = 2; uint64 seq = 3; }
+//! ```
+
+use floodgate_core::region::{Ack, Batch, Component, Item, Shape};
+
+/// A batch on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyncBatch {
+    /// The sending region.
+    #[prost(string, tag = "1")]
+    pub from: String,
+    /// Its incarnation.
+    #[prost(uint64, tag = "2")]
+    pub from_incarnation: u64,
+    /// The receiver's incarnation as the sender knows it (0: unknown).
+    #[prost(uint64, tag = "3")]
+    pub to_incarnation: u64,
+    /// The batch's number on this link.
+    #[prost(uint64, tag = "4")]
+    pub seq: u64,
+    /// Keys and their components.
+    #[prost(message, repeated, tag = "5")]
+    pub items: Vec<SyncItem>,
+    /// The sender's full state is complete with this batch.
+    #[prost(bool, tag = "6")]
+    pub complete: bool,
+}
+
+/// One key on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyncItem {
+    /// The counter key.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// The sender's limit fingerprint.
+    #[prost(uint64, tag = "2")]
+    pub fingerprint: u64,
+    /// 1: window counts; 2: the GCRA family.
+    #[prost(uint32, tag = "3")]
+    pub kind: u32,
+    /// Slot length, µs.
+    #[prost(uint64, tag = "4")]
+    pub slot_us: u64,
+    /// Slots that count (window counts).
+    #[prost(uint32, tag = "5")]
+    pub horizon: u32,
+    /// The components.
+    #[prost(message, repeated, tag = "6")]
+    pub components: Vec<SyncComponent>,
+}
+
+/// One component on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyncComponent {
+    /// The region that admitted the hits.
+    #[prost(string, tag = "1")]
+    pub region: String,
+    /// Its incarnation.
+    #[prost(uint64, tag = "2")]
+    pub incarnation: u64,
+    /// The slot.
+    #[prost(uint64, tag = "3")]
+    pub slot: u64,
+    /// Hits admitted.
+    #[prost(uint64, tag = "4")]
+    pub count: u64,
+}
+
+/// An acknowledgement on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyncAck {
+    /// The receiving region.
+    #[prost(string, tag = "1")]
+    pub region: String,
+    /// Its incarnation.
+    #[prost(uint64, tag = "2")]
+    pub incarnation: u64,
+    /// The batch acknowledged.
+    #[prost(uint64, tag = "3")]
+    pub seq: u64,
+}
+
+/// Bounds on what a peer may send in one batch.
+pub mod limits {
+    /// Most keys per batch.
+    pub const MAX_ITEMS: usize = 10_000;
+    /// Longest counter key, bytes.
+    pub const MAX_KEY: usize = 4_096;
+    /// Most components per key.
+    pub const MAX_COMPONENTS: usize = 4_096;
+    /// Longest region name, bytes.
+    pub const MAX_NAME: usize = 64;
+    /// Most slots a window key may count (the largest granularity).
+    pub const MAX_HORIZON: u32 = floodgate_core::MAX_GRANULARITY;
+    /// Largest encoded batch, bytes.
+    pub const MAX_MESSAGE: usize = 16 << 20;
+}
+
+fn name_ok(n: &str) -> bool {
+    !n.is_empty() && n.len() <= limits::MAX_NAME && !n.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+impl SyncBatch {
+    /// From the core type.
+    pub fn from_batch(b: &Batch) -> Self {
+        SyncBatch {
+            from: b.from.clone(),
+            from_incarnation: b.from_incarnation,
+            to_incarnation: b.to_incarnation,
+            seq: b.seq,
+            items: b
+                .items
+                .iter()
+                .map(|i| {
+                    let (kind, slot_us, horizon) = match i.shape {
+                        Shape::Windowed { slot_us, horizon } => (1, slot_us, horizon),
+                        Shape::Gcra { slot_us } => (2, slot_us, 0),
+                    };
+                    SyncItem {
+                        key: i.key.clone(),
+                        fingerprint: i.fingerprint,
+                        kind,
+                        slot_us,
+                        horizon,
+                        components: i
+                            .components
+                            .iter()
+                            .map(|c| SyncComponent {
+                                region: c.region.clone(),
+                                incarnation: c.incarnation,
+                                slot: c.slot,
+                                count: c.count,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect(),
+            complete: b.complete,
+        }
+    }
+
+    /// To the core type, checked: what is wrong, with where, for a peer's
+    /// `INVALID_ARGUMENT`.
+    pub fn into_batch(self) -> Result<Batch, String> {
+        if !name_ok(&self.from) {
+            return Err(format!(
+                "from: region name {:?}: 1 to {} characters, no spaces",
+                truncate(&self.from),
+                limits::MAX_NAME
+            ));
+        }
+        if self.items.len() > limits::MAX_ITEMS {
+            return Err(format!("items: {} in one batch, at most {}", self.items.len(), limits::MAX_ITEMS));
+        }
+        let mut items = Vec::with_capacity(self.items.len());
+        for (i, item) in self.items.into_iter().enumerate() {
+            let at = |f: &str| format!("items[{i}].{f}");
+            if item.key.is_empty() || item.key.len() > limits::MAX_KEY {
+                return Err(format!("{}: 1 to {} bytes", at("key"), limits::MAX_KEY));
+            }
+            if item.slot_us == 0 {
+                return Err(format!("{}: must be at least 1", at("slot_us")));
+            }
+            let shape = match item.kind {
+                1 if (1..=limits::MAX_HORIZON).contains(&item.horizon) => {
+                    Shape::Windowed { slot_us: item.slot_us, horizon: item.horizon }
+                }
+                1 => return Err(format!("{}: 1 to {}", at("horizon"), limits::MAX_HORIZON)),
+                2 => Shape::Gcra { slot_us: item.slot_us },
+                k => return Err(format!("{}: {k} is not a kind (1: window counts, 2: gcra)", at("kind"))),
+            };
+            if item.components.len() > limits::MAX_COMPONENTS {
+                return Err(format!(
+                    "{}: {} components, at most {}",
+                    at("components"),
+                    item.components.len(),
+                    limits::MAX_COMPONENTS
+                ));
+            }
+            let mut components = Vec::with_capacity(item.components.len());
+            for (j, c) in item.components.into_iter().enumerate() {
+                if !name_ok(&c.region) {
+                    return Err(format!(
+                        "{}: region name {:?}",
+                        at(&format!("components[{j}].region")),
+                        truncate(&c.region)
+                    ));
+                }
+                components.push(Component {
+                    region: c.region,
+                    incarnation: c.incarnation,
+                    slot: c.slot,
+                    count: c.count,
+                });
+            }
+            items.push(Item { key: item.key, fingerprint: item.fingerprint, shape, components });
+        }
+        Ok(Batch {
+            from: self.from,
+            from_incarnation: self.from_incarnation,
+            to_incarnation: self.to_incarnation,
+            seq: self.seq,
+            items,
+            complete: self.complete,
+        })
+    }
+}
+
+impl SyncAck {
+    /// From the core type.
+    pub fn from_ack(a: &Ack) -> Self {
+        SyncAck { region: a.region.clone(), incarnation: a.incarnation, seq: a.seq }
+    }
+
+    /// To the core type.
+    pub fn into_ack(self) -> Ack {
+        Ack { region: self.region, incarnation: self.incarnation, seq: self.seq }
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn batches_round_trip_and_bad_ones_say_what_is_wrong() {
+        let b = Batch {
+            from: "eu".into(),
+            from_incarnation: 7,
+            to_incarnation: 9,
+            seq: 3,
+            items: vec![Item {
+                key: "api|user=alice#0".into(),
+                fingerprint: 42,
+                shape: Shape::Windowed { slot_us: 60_000_000, horizon: 1 },
+                components: vec![Component { region: "eu".into(), incarnation: 7, slot: 28_333_380, count: 5 }],
+            }],
+            complete: true,
+        };
+        let wire = SyncBatch::from_batch(&b).encode_to_vec();
+        assert_eq!(SyncBatch::decode(&wire[..]).unwrap().into_batch().unwrap(), b);
+
+        let bad = |f: &dyn Fn(&mut SyncBatch)| {
+            let mut m = SyncBatch::from_batch(&b);
+            f(&mut m);
+            m.into_batch().unwrap_err()
+        };
+        assert!(bad(&|m| m.from = String::new()).starts_with("from:"));
+        assert!(bad(&|m| m.items[0].kind = 9).contains("items[0].kind: 9 is not a kind"));
+        assert!(bad(&|m| m.items[0].horizon = 0).contains("items[0].horizon"));
+        assert!(bad(&|m| m.items[0].slot_us = 0).contains("items[0].slot_us"));
+        assert!(bad(&|m| m.items[0].key = "k".repeat(5_000)).contains("items[0].key"));
+        assert!(bad(&|m| m.items[0].components[0].region = "a b".into()).contains("components[0].region"));
+        // Garbage bytes are a decode error, not a panic.
+        assert!(SyncBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
+    }
+}
