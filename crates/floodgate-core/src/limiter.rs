@@ -140,7 +140,7 @@ fn store_checks<'a>(checks: &[RuleCheck<'a>]) -> Vec<Check<'a>> {
         .iter()
         .filter_map(|c| {
             let limit = c.rule.limit.as_ref()?;
-            Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode })
+            Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode, scope: c.rule.scope })
         })
         .collect()
 }

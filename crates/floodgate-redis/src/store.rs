@@ -792,7 +792,8 @@ pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 impl Store for RedisStore {
     async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
         let mut out = Vec::with_capacity(1);
-        self.decide(&[Check { key, limit, hits, enforce: true }], None, &mut out).await;
+        let scope = floodgate_core::region::Scope::Region;
+        self.decide(&[Check { key, limit, hits, enforce: true, scope }], None, &mut out).await;
         out.pop().unwrap_or_else(|| Err(StoreError::Unavailable("no answer".to_owned())))
     }
 

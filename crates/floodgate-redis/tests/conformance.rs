@@ -157,7 +157,13 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                 .collect();
             let checks: Vec<Check<'_>> = picks
                 .iter()
-                .map(|&(li, ki, hits, enforce)| Check { key: &keys[ki][li], limit: &limits[li], hits, enforce })
+                .map(|&(li, ki, hits, enforce)| Check {
+                    key: &keys[ki][li],
+                    limit: &limits[li],
+                    hits,
+                    enforce,
+                    scope: floodgate_core::region::Scope::Region,
+                })
                 .collect();
             let want = model.decide(&checks, now);
             let mut got = Vec::new();

@@ -28,6 +28,12 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
     /// Drop expired state held in this process (the in-memory store); a
     /// no-op for stores that expire their own.
     fn sweep(&self) {}
+
+    /// The region's health (peers, lag, warming), when this store is part of
+    /// one: for `/readyz` and `/admin/v1/status`.
+    fn regions_health(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 impl Backend for MemoryStore<SystemClock> {

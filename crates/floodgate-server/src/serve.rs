@@ -16,6 +16,7 @@ use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{MemoryStore, OnFull};
 use floodgate_redis::{RedisConfig, RedisStore};
+use floodgate_sync::{LinkConfig, SyncServer, run_links};
 use floodgate_tower::RateLimitLayer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -29,6 +30,7 @@ use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::regions::{Regions, RegionsConfig, check_rules};
 use crate::runtime::state::{OverridesFile, open_overrides};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
@@ -67,6 +69,9 @@ pub struct Config {
     pub grpc_threads: usize,
     /// The reverse proxy, when one is served.
     pub proxy: Option<ProxyConfig>,
+    /// This instance's region and its peers, when limits are shared across
+    /// regions.
+    pub regions: Option<RegionsConfig>,
 }
 
 impl Default for Config {
@@ -86,6 +91,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             grpc_threads: 0,
             proxy: None,
+            regions: None,
         }
     }
 }
@@ -167,6 +173,10 @@ pub struct Prepared {
     service: Arc<Service<ServerStore>>,
 }
 
+fn memory(max_keys: usize) -> MemoryStore {
+    MemoryStore::builder().max_keys(max_keys).on_full(OnFull::Evict).build()
+}
+
 /// Load the rules and overrides and check the settings; binds nothing.
 pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     if config.admin_token.as_deref().is_some_and(str::is_empty) {
@@ -187,6 +197,13 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     if let Some(p) = &config.proxy {
         rules.require_domain(&p.domain, "the proxy");
     }
+    // Global rules need peer regions (and a slice of at least one hit):
+    // checked now and on every reload.
+    let regions_n = config.regions.as_ref().map_or(0, |r| r.peers.len() + 1);
+    rules.set_check(move |set| check_rules(set, regions_n)).map_err(|errs| {
+        let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
+        ServeError::Config(format!("the rules in {} cannot run here:\n{}", config.rules, list.join("\n")))
+    })?;
     for w in rules.current().warnings() {
         tracing::warn!("{w}");
     }
@@ -196,9 +213,25 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
         }
         Arc::new(o)
     });
-    let store = match &config.redis {
-        None => ServerStore::Memory(MemoryStore::builder().max_keys(config.max_keys).on_full(OnFull::Evict).build()),
-        Some(redis) => ServerStore::Redis(
+    let store = match (&config.redis, &config.regions) {
+        (None, None) => ServerStore::Memory(memory(config.max_keys)),
+        (None, Some(r)) => {
+            let regions = Regions::new(r.clone()).map_err(ServeError::Config)?;
+            tracing::info!(
+                region = %r.region,
+                peers = %r.peers.iter().map(|p| format!("{}={}", p.name, p.url)).collect::<Vec<_>>().join(","),
+                incarnation = %format!("{:016x}", regions.table.incarnation()),
+                "this region shares its global limits with its peers"
+            );
+            ServerStore::Regional(memory(config.max_keys), Arc::new(regions))
+        }
+        (Some(redis), Some(_)) => {
+            return Err(ServeError::Config(format!(
+                "--region with --store {}: this version shares global limits between memory-store regions only; run each region's instance with the memory store, or leave out --region",
+                redis.target
+            )));
+        }
+        (Some(redis), None) => ServerStore::Redis(
             RedisStore::new(redis.clone()).map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?,
         ),
     };
@@ -228,7 +261,8 @@ impl Prepared {
         let http = optional("HTTP", self.config.http_addr).await?;
         let admin = bind("admin", self.config.admin_addr).await?;
         let proxy = optional("proxy", self.config.proxy.as_ref().map(|p| p.listen)).await?;
-        Ok(Bound { prepared: self, grpc, http, admin, proxy })
+        let sync = optional("sync", self.config.regions.as_ref().map(|r| r.sync_addr)).await?;
+        Ok(Bound { prepared: self, grpc, http, admin, proxy, sync })
     }
 }
 
@@ -240,6 +274,7 @@ pub struct Bound {
     http: Option<TcpListener>,
     admin: TcpListener,
     proxy: Option<TcpListener>,
+    sync: Option<TcpListener>,
 }
 
 impl Bound {
@@ -268,7 +303,8 @@ impl Bound {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let (grpc_addr, http_addr, admin_addr, proxy_addr) =
             (self.grpc_addr(), self.http_addr(), self.admin_addr(), self.proxy_addr());
-        let Bound { prepared, grpc, http, admin, proxy } = self;
+        let sync_addr = self.sync.as_ref().and_then(|l| l.local_addr().ok());
+        let Bound { prepared, grpc, http, admin, proxy, sync } = self;
         let Prepared { config, service } = prepared;
         let _watcher: Option<Watcher> = if config.watch && config.rules.dir().is_some() {
             let opts = WatchOptions::default();
@@ -337,6 +373,27 @@ impl Bound {
             (ServerStore::Redis(redis), Some(o)) => Some(tokio::spawn(o.share(redis.shared_map("overrides")))),
             _ => None,
         };
+        if let (Some(listener), Some(regions)) = (sync, service.store().regions()) {
+            let server = SyncServer::new(regions.table.clone(), regions.config.token.clone(), regions.stats.clone());
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let serving = tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+            servers.spawn(async move { ("sync", serving.await.map_err(|e| e.to_string())) });
+            let link = LinkConfig {
+                interval: regions.config.interval,
+                timeout: regions.config.timeout,
+                token: regions.config.token.clone(),
+            };
+            let links = run_links(
+                regions.table.clone(),
+                regions.config.peers.clone(),
+                link,
+                regions.stats.clone(),
+                stop_rx.clone(),
+            );
+            servers.spawn(async move { ("sync links", links.await.map_err(|e| e.to_string())) });
+        }
         let sweeper = {
             let service = service.clone();
             tokio::spawn(async move {
@@ -353,6 +410,7 @@ impl Bound {
             http_addr = %show(http_addr),
             %admin_addr,
             proxy_addr = %show(proxy_addr),
+            sync_addr = %show(sync_addr),
             upstream = %config.proxy.as_ref().map_or_else(String::new, |p| p.upstream.to_string()),
             rules = %config.rules,
             "floodgate serving"

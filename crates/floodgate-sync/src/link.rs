@@ -50,7 +50,7 @@ pub struct PeerError {
     why: String,
 }
 
-fn channel(peer: &Peer, cfg: &LinkConfig) -> Result<Channel, PeerError> {
+fn endpoint(peer: &Peer, cfg: &LinkConfig) -> Result<Endpoint, PeerError> {
     let err = |why: String| PeerError { name: peer.name.clone(), url: peer.url.clone(), why };
     if !peer.url.starts_with("http://") {
         return Err(err("the scheme must be http:// (put a TLS proxy in front for other networks)".into()));
@@ -61,13 +61,17 @@ fn channel(peer: &Peer, cfg: &LinkConfig) -> Result<Channel, PeerError> {
         .timeout(cfg.timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(cfg.timeout.max(Duration::from_secs(1)))
-        .connect_lazy())
+        .keep_alive_timeout(cfg.timeout.max(Duration::from_secs(1))))
 }
 
-/// Check every peer's address; nothing connects yet.
+/// A lazily connected channel to `peer` (needs a Tokio runtime).
+fn channel(peer: &Peer, cfg: &LinkConfig) -> Result<Channel, PeerError> {
+    endpoint(peer, cfg).map(|e| e.connect_lazy())
+}
+
+/// Check every peer's address; nothing connects (no runtime needed).
 pub fn check_peers(peers: &[Peer], cfg: &LinkConfig) -> Result<(), PeerError> {
-    peers.iter().try_for_each(|p| channel(p, cfg).map(drop))
+    peers.iter().try_for_each(|p| endpoint(p, cfg).map(drop))
 }
 
 /// Run a link to every peer until `stop` reads true. `peers` must be in

@@ -164,6 +164,27 @@ pub(crate) struct CommonArgs {
     /// Worker threads (default: one per core).
     #[arg(long, env = "FLOODGATE_WORKERS")]
     pub(crate) workers: Option<usize>,
+    /// This instance's region, for rules with scope: global (their usage is
+    /// shared with the --peers regions).
+    #[arg(long, env = "FLOODGATE_REGION")]
+    pub(crate) region: Option<String>,
+    /// The peer regions and their sync addresses: NAME=http://HOST:PORT,...
+    #[arg(long, env = "FLOODGATE_PEERS")]
+    pub(crate) peers: Option<String>,
+    /// Where this region's sync service listens for its peers (port 0 picks
+    /// one); a non-loopback address needs --sync-token.
+    #[arg(long, env = "FLOODGATE_SYNC_ADDR")]
+    pub(crate) sync_addr: Option<String>,
+    /// How often usage of global limits is sent to each peer.
+    #[arg(long, env = "FLOODGATE_SYNC_INTERVAL", default_value = "100ms")]
+    pub(crate) sync_interval: String,
+    /// The longest one sync call may take, connecting included.
+    #[arg(long, env = "FLOODGATE_SYNC_TIMEOUT", default_value = "1s")]
+    pub(crate) sync_timeout: String,
+    /// The bearer token every region's sync service requires (the same in
+    /// every region).
+    #[arg(long, env = "FLOODGATE_SYNC_TOKEN", hide_env_values = true)]
+    pub(crate) sync_token: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use floodgate_server::proxy::{ProxyConfig, Upstream};
 use floodgate_server::rules::reload::RulesSource;
+use floodgate_server::runtime::regions::RegionsConfig;
 use floodgate_server::runtime::state::{self, OverridesFile};
 use floodgate_server::serve::{Config, ServeError, prepare};
+use floodgate_sync::Peer;
 use floodgate_tower::{ForwardedHeader, TrustedProxies};
 
 use crate::cli::{CommonArgs, ProxyArgs, ServeArgs};
@@ -118,8 +120,10 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         Some(dir) => RulesSource::Dir(dir.clone()),
         None => RulesSource::Embedded(floodgate_server::BUNDLED_RULES),
     };
+    let regions = regions_config(args)?;
     Ok(Config {
         rules,
+        regions,
         admin_addr,
         admin_token: args.admin_token.clone(),
         headers,
@@ -130,6 +134,64 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         shutdown_grace: grace,
         ..Config::default()
     })
+}
+
+/// `--region`, `--peers` and the sync settings, when this instance is part
+/// of several regions.
+fn regions_config(args: &CommonArgs) -> Result<Option<RegionsConfig>, Failure> {
+    let (region, peers) = match (&args.region, &args.peers) {
+        (None, None) => {
+            if args.sync_addr.is_some() {
+                return Err(Failure::usage("--sync-addr needs --region NAME and --peers NAME=URL,..."));
+            }
+            return Ok(None);
+        }
+        (None, Some(_)) => return Err(Failure::usage("--peers needs --region: name this instance's region")),
+        (Some(_), None) => {
+            return Err(Failure::usage("--region needs --peers: list the other regions as NAME=http://HOST:PORT,..."));
+        }
+        (Some(r), Some(p)) => (r.clone(), p),
+    };
+    let peers = peers
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (name, url) = p.split_once('=').ok_or_else(|| {
+                Failure::usage(format!(
+                    "--peers `{p}`: write NAME=http://HOST:PORT (the peer's --region and --sync-addr)"
+                ))
+            })?;
+            Ok(Peer { name: name.trim().to_owned(), url: url.trim().to_owned() })
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    if peers.is_empty() {
+        return Err(Failure::usage("--peers: list at least one other region as NAME=http://HOST:PORT"));
+    }
+    let sync_addr = match &args.sync_addr {
+        Some(a) => addr("sync-addr", a)?,
+        None => {
+            return Err(Failure::usage(
+                "--region needs --sync-addr: where this region's peers send their usage (e.g. 0.0.0.0:8082, with --sync-token)",
+            ));
+        }
+    };
+    if args.sync_token.as_deref().is_some_and(str::is_empty) {
+        return Err(Failure::usage("--sync-token is empty: give a secret shared by every region"));
+    }
+    if args.sync_token.is_none() && !sync_addr.ip().is_loopback() {
+        return Err(Failure::usage(format!(
+            "the sync address {sync_addr} is not loopback and no --sync-token is set: set one (FLOODGATE_SYNC_TOKEN, the same in every region) or bind it to 127.0.0.1"
+        )));
+    }
+    Ok(Some(RegionsConfig {
+        region,
+        peers,
+        sync_addr,
+        interval: duration("sync-interval", &args.sync_interval)?,
+        timeout: duration("sync-timeout", &args.sync_timeout)?,
+        token: args.sync_token.clone(),
+    }))
 }
 
 fn init_logging(format: &str) -> Result<(), Failure> {

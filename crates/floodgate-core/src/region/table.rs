@@ -781,6 +781,40 @@ impl GlobalTable {
     }
 }
 
+impl GlobalTable {
+    /// Decide one request's checks at `now`: the `global` ones here, the
+    /// others in `store`, **all or nothing** across both (a denied request
+    /// keeps nothing in any counter; see [`GlobalTable::refund`]).
+    pub fn apply_all_with<C: crate::Clock>(
+        &self,
+        store: &crate::MemoryStore<C>,
+        checks: &[crate::Check<'_>],
+        now: u64,
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) {
+        out.clear();
+        let mut denied = false;
+        for c in checks {
+            let r = match c.scope {
+                Scope::Global(mode) => self.apply(c.key, c.limit, mode, c.hits, now),
+                Scope::Region => store.apply_at(c.key, c.limit, c.hits, now),
+            };
+            denied |= c.enforce && r.as_ref().is_ok_and(|d| !d.allowed);
+            out.push(r);
+        }
+        if denied {
+            for (c, r) in checks.iter().zip(out.iter()) {
+                if c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
+                    match c.scope {
+                        Scope::Global(_) => self.refund(c.key, c.hits, now, now),
+                        Scope::Region => store.refund_at(c.key, c.limit, c.hits, now, now),
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Whether a rule's scope sends it through a [`GlobalTable`].
 pub fn is_global(scope: Scope) -> Option<SyncMode> {
     match scope {

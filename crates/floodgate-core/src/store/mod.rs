@@ -88,6 +88,9 @@ pub struct Check<'a> {
     pub hits: u64,
     /// Whether a denial of this limit denies the request.
     pub enforce: bool,
+    /// Which regions share the limit: a store that is not a region's (or
+    /// knows no peers) decides a `global` check as a regional one.
+    pub scope: crate::region::Scope,
 }
 
 /// A store could not decide. A denial is not an error: it is a [`Decision`].

@@ -217,6 +217,7 @@ pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (boo
             "failed_at_unix_s": ts(status.failed_at),
         },
         "warnings": rules.warnings(),
+        "regions": service.store().regions_health(),
         "store": match &store {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),

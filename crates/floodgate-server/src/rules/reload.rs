@@ -88,6 +88,10 @@ impl From<&PathBuf> for RulesSource {
 /// Called with the new rules after each reload that changed them.
 type OnReload = Box<dyn Fn(&RuleSet) + Send + Sync>;
 
+/// What a rule set must also pass on this instance (e.g. global rules need
+/// peer regions): every problem, positioned.
+type Check = Box<dyn Fn(&RuleSet) -> Vec<floodgate_core::rules::ConfigError> + Send + Sync>;
+
 /// The live rule set of a directory (or of embedded files), and how its
 /// reloads went.
 pub struct Rules {
@@ -99,6 +103,7 @@ pub struct Rules {
     /// and whether that reload succeeded.
     seen: Mutex<(u64, bool)>,
     on_reload: Mutex<Vec<OnReload>>,
+    check: Mutex<Option<Check>>,
     /// Domains an adapter decides in (the proxy's), and which adapter.
     required: Mutex<Vec<(String, &'static str)>>,
     reloads: AtomicU64,
@@ -140,6 +145,7 @@ impl Rules {
             status: Mutex::new(Status { loaded_at: Some(SystemTime::now()), ..Status::default() }),
             seen: Mutex::new((digest, true)),
             on_reload: Mutex::new(Vec::new()),
+            check: Mutex::new(None),
             required: Mutex::new(Vec::new()),
             reloads: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -172,6 +178,21 @@ impl Rules {
         missing.chain(set.warnings().iter().map(ToString::to_string)).collect()
     }
 
+    /// Hold every rule set, the one in use now and each reload's, to `check`
+    /// as well: a reload it refuses keeps the last good rules, as any bad
+    /// reload does. Fails (installing nothing) when the rules in use fail it.
+    pub fn set_check(
+        &self,
+        check: impl Fn(&RuleSet) -> Vec<floodgate_core::rules::ConfigError> + Send + Sync + 'static,
+    ) -> Result<(), ConfigErrors> {
+        let errors = check(&self.current());
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        *self.check.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(check));
+        Ok(())
+    }
+
     /// Call `f` with the new rules after every reload that changes them
     /// (not now: the caller has [`Rules::current`]).
     pub fn on_reload(&self, f: impl Fn(&RuleSet) + Send + Sync + 'static) {
@@ -199,7 +220,13 @@ impl Rules {
             if *seen == (digest, true) {
                 return Ok(None);
             }
-            let set = RuleSet::build(sources, &self.opts);
+            let set = RuleSet::build(sources, &self.opts).and_then(|set| {
+                let check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
+                match check.as_ref().map(|c| c(&set)).filter(|e| !e.is_empty()) {
+                    Some(errors) => Err(ConfigErrors(errors)),
+                    None => Ok(set),
+                }
+            });
             *seen = (digest, set.is_ok());
             set.map(Some)
         });

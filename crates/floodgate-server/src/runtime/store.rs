@@ -1,33 +1,50 @@
-//! The store `serve` runs on, chosen at start: the in-memory store or Redis
-//! (one server or a cluster). One enum, so the server is compiled once and
-//! each decision costs one branch to dispatch.
+//! The store `serve` runs on, chosen at start: the in-memory store (alone,
+//! or as a region whose `scope: global` limits are shared with peers) or
+//! Redis (one server or a cluster). One enum, so the server is compiled
+//! once and each decision costs one branch to dispatch.
 
-use floodgate_core::{Check, Decision, Limit, MemoryStore, Store, StoreError};
+use std::sync::Arc;
+
+use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::RedisStore;
 
 use crate::Backend;
 use crate::runtime::metrics::gauge;
+use crate::runtime::regions::Regions;
 
-/// The in-memory store or the Redis store.
+/// The in-memory store, a memory-store region, or the Redis store.
 #[derive(Debug)]
 pub enum ServerStore {
     /// This process's memory.
     Memory(MemoryStore),
+    /// This process's memory as one region of several: `global` limits go
+    /// through the region's table, the others through the memory store.
+    Regional(MemoryStore, Arc<Regions>),
     /// Redis or Redis Cluster, shared by every instance.
     Redis(RedisStore),
+}
+
+impl ServerStore {
+    /// The region this store is part of, if any.
+    pub fn regions(&self) -> Option<&Arc<Regions>> {
+        match self {
+            Self::Regional(_, r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 impl Store for ServerStore {
     async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
         match self {
-            Self::Memory(s) => s.apply_sync(key, limit, hits),
+            Self::Memory(s) | Self::Regional(s, _) => s.apply_sync(key, limit, hits),
             Self::Redis(s) => s.apply(key, limit, hits).await,
         }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         match self {
-            Self::Memory(_) => Ok(()),
+            Self::Memory(_) | Self::Regional(..) => Ok(()),
             Self::Redis(s) => s.ping().await,
         }
     }
@@ -35,20 +52,21 @@ impl Store for ServerStore {
     async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
         match self {
             Self::Memory(s) => s.apply_all(checks, out).await,
+            Self::Regional(s, r) => r.table.apply_all_with(s, checks, s.clock().now_us(), out),
             Self::Redis(s) => s.apply_all(checks, out).await,
         }
     }
 
     fn answers_now(&self) -> bool {
         match self {
-            Self::Memory(s) => s.answers_now(),
+            Self::Memory(s) | Self::Regional(s, _) => s.answers_now(),
             Self::Redis(s) => s.answers_now(),
         }
     }
 
     fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
         match self {
-            Self::Memory(s) => s.apply_now(key, limit, hits),
+            Self::Memory(s) | Self::Regional(s, _) => s.apply_now(key, limit, hits),
             Self::Redis(s) => s.apply_now(key, limit, hits),
         }
     }
@@ -56,6 +74,10 @@ impl Store for ServerStore {
     fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
         match self {
             Self::Memory(s) => s.apply_all_now(checks, out),
+            Self::Regional(s, r) => {
+                r.table.apply_all_with(s, checks, s.clock().now_us(), out);
+                true
+            }
             Self::Redis(s) => s.apply_all_now(checks, out),
         }
     }
@@ -65,6 +87,10 @@ impl Backend for ServerStore {
     fn render_metrics(&self, out: &mut String) {
         match self {
             Self::Memory(s) => s.render_metrics(out),
+            Self::Regional(s, r) => {
+                s.render_metrics(out);
+                r.render_metrics(out);
+            }
             Self::Redis(s) => {
                 let st = s.stats();
                 gauge(out, "floodgate_redis_calls_total", "counter", "Script calls made to Redis.", st.calls);
@@ -129,9 +155,20 @@ impl Backend for ServerStore {
         }
     }
 
+    fn regions_health(&self) -> Option<serde_json::Value> {
+        self.regions().map(|r| r.health())
+    }
+
     fn sweep(&self) {
-        if let Self::Memory(s) = self {
-            s.sweep();
+        match self {
+            Self::Memory(s) => {
+                s.sweep();
+            }
+            Self::Regional(s, r) => {
+                s.sweep();
+                r.table.sweep(s.clock().now_us());
+            }
+            Self::Redis(_) => {}
         }
     }
 }
