@@ -118,7 +118,7 @@ async fn link<R: Region + Clone>(
             let (region, ch, cfg, stats, peer) = (region.clone(), ch.clone(), cfg.clone(), stats.clone(), peer.clone());
             calls.spawn(async move {
                 let seq = batch.seq;
-                let msg = SyncBatch::from_batch(&batch);
+                let msg = SyncBatch::from_batch(batch);
                 let bytes = msg.encoded_len() as u64;
                 let counters = stats.peer(p);
                 match push(ch, msg, &cfg).await {

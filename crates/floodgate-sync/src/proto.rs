@@ -5,10 +5,12 @@
 //! ```proto
 //! service Sync { rpc Push(SyncBatch) returns (SyncAck); }
 //! message SyncBatch { string from = 1; uint64 from_incarnation = 2; uint64 to_incarnation = 3;
-//!                     uint64 seq = 4; repeated SyncItem items = 5; bool complete = 6; }
+//!                     uint64 seq = 4; repeated SyncItem items = 5; bool complete = 6;
+//!                     repeated string regions = 7; }
 //! message SyncItem  { string key = 1; uint64 fingerprint = 2; uint32 kind = 3; uint64 slot_us = 4;
 //!                     uint32 horizon = 5; repeated SyncComponent components = 6; }
-//! message SyncComponent { string region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4; }
+//! message SyncComponent { uint32 region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4; }
+//! // region: an index into the batch's regions
 //! message SyncAck   { string region = 1; uint64 incarnation = 2; uint64 seq = 3; }
 //! ```
 
@@ -35,6 +37,9 @@ pub struct SyncBatch {
     /// The sender's full state is complete with this batch.
     #[prost(bool, tag = "6")]
     pub complete: bool,
+    /// The region names components refer to by index.
+    #[prost(string, repeated, tag = "7")]
+    pub regions: Vec<String>,
 }
 
 /// One key on the wire.
@@ -63,9 +68,10 @@ pub struct SyncItem {
 /// One component on the wire.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SyncComponent {
-    /// The region that admitted the hits.
-    #[prost(string, tag = "1")]
-    pub region: String,
+    /// The region that admitted the hits: an index into the batch's
+    /// `regions`.
+    #[prost(uint32, tag = "1")]
+    pub region: u32,
     /// Its incarnation.
     #[prost(uint64, tag = "2")]
     pub incarnation: u64,
@@ -99,6 +105,8 @@ pub mod limits {
     pub const MAX_KEY: usize = 4_096;
     /// Most components per key.
     pub const MAX_COMPONENTS: usize = 4_096;
+    /// Most region names per batch.
+    pub const MAX_REGIONS: usize = 1_024;
     /// Longest region name, bytes.
     pub const MAX_NAME: usize = 64;
     /// Most slots a window key may count (the largest granularity).
@@ -112,32 +120,33 @@ fn name_ok(n: &str) -> bool {
 }
 
 impl SyncBatch {
-    /// From the core type.
-    pub fn from_batch(b: &Batch) -> Self {
+    /// From the core type (moved: keys and names are not copied).
+    pub fn from_batch(b: Batch) -> Self {
         SyncBatch {
-            from: b.from.clone(),
+            from: b.from,
+            regions: b.regions,
             from_incarnation: b.from_incarnation,
             to_incarnation: b.to_incarnation,
             seq: b.seq,
             items: b
                 .items
-                .iter()
+                .into_iter()
                 .map(|i| {
                     let (kind, slot_us, horizon) = match i.shape {
                         Shape::Windowed { slot_us, horizon } => (1, slot_us, horizon),
                         Shape::Gcra { slot_us } => (2, slot_us, 0),
                     };
                     SyncItem {
-                        key: i.key.clone(),
+                        key: i.key,
                         fingerprint: i.fingerprint,
                         kind,
                         slot_us,
                         horizon,
                         components: i
                             .components
-                            .iter()
+                            .into_iter()
                             .map(|c| SyncComponent {
-                                region: c.region.clone(),
+                                region: c.region,
                                 incarnation: c.incarnation,
                                 slot: c.slot,
                                 count: c.count,
@@ -157,6 +166,16 @@ impl SyncBatch {
             return Err(format!(
                 "from: region name {:?}: 1 to {} characters, no spaces",
                 truncate(&self.from),
+                limits::MAX_NAME
+            ));
+        }
+        if self.regions.len() > limits::MAX_REGIONS {
+            return Err(format!("regions: {} names, at most {}", self.regions.len(), limits::MAX_REGIONS));
+        }
+        if let Some((i, n)) = self.regions.iter().enumerate().find(|(_, n)| !name_ok(n)) {
+            return Err(format!(
+                "regions[{i}]: region name {:?}: 1 to {} characters, no spaces",
+                truncate(n),
                 limits::MAX_NAME
             ));
         }
@@ -190,11 +209,12 @@ impl SyncBatch {
             }
             let mut components = Vec::with_capacity(item.components.len());
             for (j, c) in item.components.into_iter().enumerate() {
-                if !name_ok(&c.region) {
+                if c.region as usize >= self.regions.len() {
                     return Err(format!(
-                        "{}: region name {:?}",
+                        "{}: {} is not an index into regions ({} names)",
                         at(&format!("components[{j}].region")),
-                        truncate(&c.region)
+                        c.region,
+                        self.regions.len()
                     ));
                 }
                 components.push(Component {
@@ -208,6 +228,7 @@ impl SyncBatch {
         }
         Ok(Batch {
             from: self.from,
+            regions: self.regions,
             from_incarnation: self.from_incarnation,
             to_incarnation: self.to_incarnation,
             seq: self.seq,
@@ -245,6 +266,7 @@ mod tests {
     fn batches_round_trip_and_bad_ones_say_what_is_wrong() {
         let b = Batch {
             from: "eu".into(),
+            regions: vec!["eu".into()],
             from_incarnation: 7,
             to_incarnation: 9,
             seq: 3,
@@ -252,15 +274,15 @@ mod tests {
                 key: "api|user=alice#0".into(),
                 fingerprint: 42,
                 shape: Shape::Windowed { slot_us: 60_000_000, horizon: 1 },
-                components: vec![Component { region: "eu".into(), incarnation: 7, slot: 28_333_380, count: 5 }],
+                components: vec![Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5 }],
             }],
             complete: true,
         };
-        let wire = SyncBatch::from_batch(&b).encode_to_vec();
+        let wire = SyncBatch::from_batch(b.clone()).encode_to_vec();
         assert_eq!(SyncBatch::decode(&wire[..]).unwrap().into_batch().unwrap(), b);
 
         let bad = |f: &dyn Fn(&mut SyncBatch)| {
-            let mut m = SyncBatch::from_batch(&b);
+            let mut m = SyncBatch::from_batch(b.clone());
             f(&mut m);
             m.into_batch().unwrap_err()
         };
@@ -269,7 +291,8 @@ mod tests {
         assert!(bad(&|m| m.items[0].horizon = 0).contains("items[0].horizon"));
         assert!(bad(&|m| m.items[0].slot_us = 0).contains("items[0].slot_us"));
         assert!(bad(&|m| m.items[0].key = "k".repeat(5_000)).contains("items[0].key"));
-        assert!(bad(&|m| m.items[0].components[0].region = "a b".into()).contains("components[0].region"));
+        assert!(bad(&|m| m.items[0].components[0].region = 3).contains("components[0].region: 3 is not an index"));
+        assert!(bad(&|m| m.regions[0] = "a b".into()).contains("regions[0]"));
         // Garbage bytes are a decode error, not a panic.
         assert!(SyncBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
     }

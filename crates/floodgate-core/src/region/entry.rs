@@ -35,15 +35,20 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    fn new(id: u64, peers: usize) -> Self {
-        Slot { id, own: 0, acked: vec![0; peers].into_boxed_slice(), comps: Vec::new() }
+    /// A slot; `acks`: whether to keep what peers acknowledged (a bounded
+    /// rule's slice reads it; an eventual one's never does, and allocates
+    /// nothing for it).
+    fn new(id: u64, peers: usize, acks: bool) -> Self {
+        let acked = if acks { vec![0; peers].into_boxed_slice() } else { Box::default() };
+        Slot { id, own: 0, acked, comps: Vec::new() }
     }
 
     fn total(&self) -> u64 {
         self.comps.iter().fold(self.own, |s, c| s.saturating_add(c.count))
     }
 
-    /// Own hits not yet acknowledged by every peer.
+    /// Own hits not yet acknowledged by every peer (0 where acks are not
+    /// kept: eventual rules).
     fn unacked(&self) -> u64 {
         let least = self.acked.iter().copied().min().unwrap_or(self.own);
         self.own.saturating_sub(least)
@@ -65,6 +70,8 @@ pub(crate) struct Entry {
     pub(crate) slots: Vec<Slot>,
     /// Bit `p`: queued to be sent to peer `p`.
     pub(crate) queued: u64,
+    /// The key, shared with the table's map and the peers' queues.
+    pub(crate) name: Option<std::sync::Arc<str>>,
 }
 
 /// GCRA slots per full refill time.
@@ -130,7 +137,15 @@ impl Entry {
         }
         self.shape = Some(shape);
         self.rule = Some(RuleMeta { limit: limit.clone(), mode, fingerprint });
-        let _ = peers;
+        if matches!(mode, SyncMode::Bounded { .. }) {
+            // Now bounded: slots kept from an eventual rule had no
+            // acknowledgements; count all their hits as unacknowledged.
+            for s in &mut self.slots {
+                if s.acked.len() != peers {
+                    s.acked = vec![0; peers].into_boxed_slice();
+                }
+            }
+        }
         self.drain_pending();
     }
 
@@ -162,10 +177,11 @@ impl Entry {
     }
 
     fn slot_mut(&mut self, id: u64, peers: usize) -> &mut Slot {
+        let acks = self.rule.as_ref().is_none_or(|r| matches!(r.mode, SyncMode::Bounded { .. }));
         let i = match self.slots.binary_search_by_key(&id, |s| s.id) {
             Ok(i) => i,
             Err(i) => {
-                self.slots.insert(i, Slot::new(id, peers));
+                self.slots.insert(i, Slot::new(id, peers, acks));
                 i
             }
         };
@@ -181,11 +197,10 @@ impl Entry {
     /// family: over the local bucket, peers' debt included), then the
     /// caps; admitted hits join this region's own component. Returns the
     /// decision and whether the own component changed.
-    pub(crate) fn decide(&mut self, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, bool) {
-        let (Some(rule), Some(shape)) = (self.rule.clone(), self.shape) else {
+    pub(crate) fn decide(&mut self, limit: &Limit, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, bool) {
+        let (Some(mode), Some(shape)) = (self.rule.as_ref().map(|r| r.mode), self.shape) else {
             return (Decision::deny(0, 0, 0, None), false);
         };
-        let limit = &rule.limit;
         self.prune(now);
         let cur = now / shape.slot_us();
         let (d, gcra_state) = match (shape, limit.algorithm()) {
@@ -208,7 +223,7 @@ impl Entry {
         };
         let own: u64 = self.slots.iter().map(|s| s.own).sum();
         let unacked: u64 = self.slots.iter().map(Slot::unacked).sum();
-        let cap = match rule.mode {
+        let cap = match mode {
             SyncMode::Bounded { overshoot_ppm } => {
                 let s = slice(overshoot_ppm, capacity, caps.regions);
                 let left = s.saturating_sub(unacked);

@@ -143,14 +143,14 @@ struct Names {
     index: HashMap<Arc<str>, u16>,
 }
 
-/// The own counts sent for one key: `(slot, count)`.
-type Sent = (Arc<str>, Vec<(u64, u64)>);
-
 struct InFlight {
     seq: u64,
     sent_us: u64,
-    /// Each key with the own counts sent, per slot.
-    keys: Vec<Sent>,
+    /// The keys sent (sent again if the batch is lost).
+    keys: Vec<Arc<str>>,
+    /// Bounded keys' own counts sent, `(key, slot, count)`: what an
+    /// acknowledgement confirms.
+    acked: Vec<(Arc<str>, u64, u64)>,
     full: bool,
     complete: bool,
 }
@@ -324,16 +324,22 @@ impl GlobalTable {
         let peers = self.links.len();
         let caps = self.caps();
         let mut shard = lock(self.shard(key));
-        if !shard.contains_key(key) {
-            shard.insert(Arc::from(key), Entry::default());
+        let decide = |entry: &mut Entry| {
+            entry.set_rule(limit, mode, shape, peers);
+            let (d, changed) = entry.decide(limit, now, hits, peers, caps);
+            if changed {
+                self.queue_for_peers(entry);
+            }
+            d
+        };
+        // One lookup on the common path (the key is known).
+        if let Some(entry) = shard.get_mut(key) {
+            return Ok(decide(entry));
         }
-        let Some(entry) = shard.get_mut(key) else { unreachable!("just inserted") };
-        entry.set_rule(limit, mode, shape, peers);
-        let (d, changed) = entry.decide(now, hits, peers, caps);
-        if changed {
-            self.queue_for_peers(&mut shard, key);
-        }
-        Ok(d)
+        let name: Arc<str> = Arc::from(key);
+        let entry = shard.entry(name.clone()).or_default();
+        entry.name = Some(name);
+        Ok(decide(entry))
     }
 
     /// Give back `hits` admitted at `at` (another limit of the request
@@ -343,19 +349,19 @@ impl GlobalTable {
         if let Some(e) = shard.get_mut(key)
             && e.refund(at, now, hits)
         {
-            self.queue_for_peers(&mut shard, key);
+            self.queue_for_peers(e);
         }
     }
 
-    /// Queue `key` for every peer it is not queued for yet.
-    fn queue_for_peers(&self, shard: &mut HashMap<Arc<str>, Entry, foldhash::fast::RandomState>, key: &str) {
+    /// Queue `entry`'s key for every peer it is not queued for yet (under
+    /// its shard's lock).
+    fn queue_for_peers(&self, entry: &mut Entry) {
         let all = if self.links.len() == 64 { u64::MAX } else { (1u64 << self.links.len()) - 1 };
-        let missing = all & !shard.get(key).map_or(all, |e| e.queued);
+        let missing = all & !entry.queued;
         if missing == 0 {
             return;
         }
-        let Some(name) = shard.get_key_value(key).map(|(k, _)| k.clone()) else { return };
-        let Some(entry) = shard.get_mut(key) else { return };
+        let Some(name) = entry.name.clone() else { return };
         entry.queued |= missing;
         for (p, link) in self.links.iter().enumerate() {
             if missing & (1 << p) != 0 {
@@ -437,11 +443,12 @@ impl GlobalTable {
             }
         }
         let mut mismatches = 0u64;
+        let names: Vec<u16> = batch.regions.iter().map(|n| self.intern(n)).collect();
         for item in &batch.items {
-            let regions: Vec<u16> = item.components.iter().map(|c| self.intern(&c.region)).collect();
             let mut shard = lock(self.shard(&item.key));
             if !shard.contains_key(item.key.as_str()) {
-                shard.insert(Arc::from(item.key.as_str()), Entry::default());
+                let name: Arc<str> = Arc::from(item.key.as_str());
+                shard.insert(name.clone(), Entry { name: Some(name), ..Entry::default() });
             }
             let Some(entry) = shard.get_mut(item.key.as_str()) else { unreachable!("just inserted") };
             if entry.shape.is_some_and(|s| s != item.shape) {
@@ -456,7 +463,8 @@ impl GlobalTable {
                 receipt.mismatch.get_or_insert_with(|| (item.key.clone(), 0));
             }
             entry.shape.get_or_insert(item.shape);
-            for (c, &region) in item.components.iter().zip(&regions) {
+            for c in &item.components {
+                let Some(&region) = names.get(c.region as usize) else { continue };
                 if region == 0 && c.incarnation == self.incarnation {
                     continue; // our own current component: ours is the truth
                 }
@@ -561,10 +569,12 @@ impl GlobalTable {
             (keys, full, complete, link.seq, link.known_incarnation.unwrap_or(0))
         };
         let mut items = Vec::with_capacity(keys.len());
-        let mut sent = Vec::with_capacity(keys.len());
-        let names: Vec<Arc<str>> = self.names.read().unwrap_or_else(PoisonError::into_inner).list.clone();
-        for key in keys {
-            let mut shard = lock(self.shard(&key));
+        let mut sent = Vec::new();
+        // Components name their region by its index here (0: this one).
+        let regions: Vec<String> =
+            self.names.read().unwrap_or_else(PoisonError::into_inner).list.iter().map(|n| n.to_string()).collect();
+        for key in &keys {
+            let mut shard = lock(self.shard(key));
             let Some(entry) = shard.get_mut(&*key) else { continue };
             if !full {
                 entry.queued &= !(1 << p);
@@ -579,7 +589,7 @@ impl GlobalTable {
                         .iter()
                         .flat_map(|s| {
                             s.comps.iter().map(|c| Component {
-                                region: names.get(usize::from(c.region)).map_or_else(String::new, |n| n.to_string()),
+                                region: u32::from(c.region),
                                 incarnation: c.incarnation,
                                 slot: s.id,
                                 count: c.count,
@@ -590,22 +600,21 @@ impl GlobalTable {
                 }
                 continue;
             };
-            let mut components = Vec::new();
-            let mut own = Vec::new();
+            // Only a bounded rule's slice reads what peers acknowledged: the
+            // values sent are kept for those alone.
+            let bounded = matches!(rule.mode, SyncMode::Bounded { .. });
+            let mut components = Vec::with_capacity(entry.slots.len());
             for s in &entry.slots {
                 if s.own > 0 || full {
-                    components.push(Component {
-                        region: self.region.to_string(),
-                        incarnation: self.incarnation,
-                        slot: s.id,
-                        count: s.own,
-                    });
-                    own.push((s.id, s.own));
+                    components.push(Component { region: 0, incarnation: self.incarnation, slot: s.id, count: s.own });
+                    if bounded {
+                        sent.push((key.clone(), s.id, s.own));
+                    }
                 }
                 if full {
                     for c in &s.comps {
                         components.push(Component {
-                            region: names.get(usize::from(c.region)).map_or_else(String::new, |n| n.to_string()),
+                            region: u32::from(c.region),
                             incarnation: c.incarnation,
                             slot: s.id,
                             count: c.count,
@@ -614,14 +623,14 @@ impl GlobalTable {
                 }
             }
             items.push(Item { key: key.to_string(), fingerprint: rule.fingerprint, shape, components });
-            sent.push((key, own));
         }
         let mut link = lock(&self.links[p]);
         link.stats.batches_sent += 1;
         link.stats.items_sent += items.len() as u64;
-        link.in_flight.push(InFlight { seq, sent_us: now, keys: sent, full, complete });
+        link.in_flight.push(InFlight { seq, sent_us: now, keys, acked: sent, full, complete });
         Some(Batch {
             from: self.region.to_string(),
+            regions,
             from_incarnation: self.incarnation,
             to_incarnation,
             seq,
@@ -642,13 +651,13 @@ impl GlobalTable {
         if f.full {
             let mut link = lock(&self.links[p]);
             if let Some(full) = &mut link.full {
-                for (k, _) in f.keys.into_iter().rev() {
+                for k in f.keys.into_iter().rev() {
                     full.keys.push_front(k);
                 }
             }
             return;
         }
-        for (key, _) in f.keys {
+        for key in f.keys {
             let mut shard = lock(self.shard(&key));
             let Some(entry) = shard.get_mut(&*key) else { continue };
             if entry.queued & (1 << p) == 0 {
@@ -710,12 +719,9 @@ impl GlobalTable {
             (done, restart)
         };
         if let Some(f) = done {
-            for (key, own) in f.keys {
-                let mut shard = lock(self.shard(&key));
-                if let Some(entry) = shard.get_mut(&*key) {
-                    for (slot, count) in own {
-                        entry.acked(p, slot, count);
-                    }
+            for (key, slot, count) in f.acked {
+                if let Some(entry) = lock(self.shard(&key)).get_mut(&*key) {
+                    entry.acked(p, slot, count);
                 }
             }
         }

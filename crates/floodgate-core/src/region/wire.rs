@@ -9,8 +9,9 @@
 /// One region's count for one key in one slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Component {
-    /// The region that admitted the hits.
-    pub region: String,
+    /// The region that admitted the hits: an index into the batch's
+    /// [`Batch::regions`].
+    pub region: u32,
     /// Its incarnation (a region that restarts with its state lost takes a
     /// new one).
     pub incarnation: u64,
@@ -82,6 +83,9 @@ pub struct Item {
 pub struct Batch {
     /// The sending region.
     pub from: String,
+    /// The region names the components refer to, by index (sent once per
+    /// batch, not once per component).
+    pub regions: Vec<String>,
     /// The sender's incarnation.
     pub from_incarnation: u64,
     /// The receiver's incarnation as the sender last heard it (0: unknown).
