@@ -1,6 +1,8 @@
 //! Rough cost of one decision: the memory store against a region's global
 //! table (with and without its peers draining batches). Not a benchmark of
 //! record (see scripts/bench-regions); a quick look.
+#![allow(clippy::print_stdout, missing_docs)]
+
 use std::time::{Duration, Instant};
 
 use floodgate_core::region::{GlobalTable, RegionConfig, SyncMode};

@@ -99,7 +99,13 @@ async fn usage_flows_between_regions_and_is_acknowledged() {
         [&a, &b, &c].iter().all(|n| n.table.apply("k", &l, e, 0, clock.now_us()).unwrap().remaining == 60)
     })
     .await;
-    eventually("a's usage acknowledged by both", || a.table.unacked("k") == 0).await;
+    // A bounded key's usage is acknowledged by both peers.
+    let bounded = SyncMode::Bounded { overshoot_ppm: 300_000 };
+    for _ in 0..5 {
+        assert!(a.table.apply("kb", &l, bounded, 1, clock.now_us()).unwrap().allowed);
+    }
+    assert_eq!(a.table.unacked("kb"), 5);
+    eventually("a's bounded usage acknowledged by both", || a.table.unacked("kb") == 0).await;
     assert!(a.stats.peer(0).bytes_sent.load(std::sync::atomic::Ordering::Relaxed) > 0);
     eventually("full state exchanged: nobody warming", || {
         !a.table.warming() && !b.table.warming() && !c.table.warming()

@@ -575,7 +575,7 @@ impl GlobalTable {
             self.names.read().unwrap_or_else(PoisonError::into_inner).list.iter().map(|n| n.to_string()).collect();
         for key in &keys {
             let mut shard = lock(self.shard(key));
-            let Some(entry) = shard.get_mut(&*key) else { continue };
+            let Some(entry) = shard.get_mut(&**key) else { continue };
             if !full {
                 entry.queued &= !(1 << p);
             }
