@@ -26,13 +26,21 @@ fn main() {
             table.apply(&keys[i % keys.len()], &limit, SyncMode::Eventual, 1, now).unwrap();
             if drain && i % 10_000 == 0 {
                 for p in 0..2 {
-                    while let Some(b) = table.next_batch(p, now) {
+                    let mut bytes = 0usize;
+                    let mut sink = |k: &str,
+                                    _fp: u64,
+                                    _s: floodgate_core::region::Shape,
+                                    c: &[floodgate_core::region::Component]| {
+                        bytes += k.len() + 8 * c.len();
+                    };
+                    while let Some(b) = table.next_batch_into(p, now, &mut sink) {
                         let ack = floodgate_core::region::Ack { region: String::new(), incarnation: 9, seq: b.seq };
                         table.on_ack(p, &ack, now);
-                        if b.items.is_empty() {
+                        if b.items == 0 {
                             break;
                         }
                     }
+                    std::hint::black_box(bytes);
                 }
             }
         }

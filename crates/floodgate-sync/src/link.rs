@@ -11,12 +11,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use floodgate_core::{Clock, SystemClock};
-use prost::Message;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::proto::{SyncAck, SyncBatch, limits};
+use crate::proto::{Encoded, SyncAck, limits};
 use crate::region::Region;
 use crate::server::PUSH;
 use crate::stats::SyncStats;
@@ -113,13 +112,13 @@ async fn link<R: Region + Clone>(
         }
         while calls.try_join_next().is_some() {}
         loop {
-            let Some(batch) = region.next_batch(p, clock.now_us()).await else { break };
-            let idle = batch.items.is_empty() && !batch.complete;
+            let Some(out) = region.next_encoded(p, clock.now_us()).await else { break };
+            let idle = out.idle;
             let (region, ch, cfg, stats, peer) = (region.clone(), ch.clone(), cfg.clone(), stats.clone(), peer.clone());
             calls.spawn(async move {
-                let seq = batch.seq;
-                let msg = SyncBatch::from_batch(batch);
-                let bytes = msg.encoded_len() as u64;
+                let seq = out.seq;
+                let msg = out.bytes;
+                let bytes = msg.0.len() as u64;
                 let counters = stats.peer(p);
                 match push(ch, msg, &cfg).await {
                     Ok(ack) if ack.region == peer.name => {
@@ -165,7 +164,7 @@ async fn link<R: Region + Clone>(
 }
 
 /// One `Push` call, bounded by the timeout.
-async fn push(ch: Channel, msg: SyncBatch, cfg: &LinkConfig) -> Result<SyncAck, String> {
+async fn push(ch: Channel, msg: Encoded, cfg: &LinkConfig) -> Result<SyncAck, String> {
     let call = async {
         let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(limits::MAX_MESSAGE);
         grpc.ready().await.map_err(|e| format!("not connected: {e}"))?;
@@ -176,7 +175,7 @@ async fn push(ch: Channel, msg: SyncBatch, cfg: &LinkConfig) -> Result<SyncAck, 
                 format!("Bearer {t}").parse().map_err(|_| "the sync token is not a valid header value".to_owned())?;
             req.metadata_mut().insert("authorization", v);
         }
-        let codec = tonic_prost::ProstCodec::<SyncBatch, SyncAck>::default();
+        let codec = tonic_prost::ProstCodec::<Encoded, SyncAck>::default();
         let path = http::uri::PathAndQuery::from_static(PUSH);
         grpc.unary(req, path, codec).await.map(tonic::Response::into_inner).map_err(|s| {
             if s.message().is_empty() { format!("{:?}", s.code()) } else { format!("{:?}: {}", s.code(), s.message()) }

@@ -297,3 +297,176 @@ mod tests {
         assert!(SyncBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
     }
 }
+
+/// A message already encoded (a batch written straight from a region's
+/// table by [`BatchEncoder`]): sent as is.
+#[derive(Clone, PartialEq, Default)]
+pub struct Encoded(pub Vec<u8>);
+
+impl std::fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Encoded({} bytes)", self.0.len())
+    }
+}
+
+impl prost::Message for Encoded {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Never decoded: only sent.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// Writes a [`SyncBatch`]'s bytes as a region's table hands it the keys
+/// ([`floodgate_core::region::BatchSink`]): no per-key strings or vectors.
+/// Protobuf fields may come in any order, so the keys go first and the
+/// batch's other fields last ([`BatchEncoder::finish`]).
+#[derive(Debug, Default)]
+pub struct BatchEncoder {
+    buf: Vec<u8>,
+}
+
+mod wire {
+    use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+
+    pub(super) fn varint_field_len(tag: u32, v: u64) -> usize {
+        if v == 0 { 0 } else { prost::encoding::key_len(tag) + encoded_len_varint(v) }
+    }
+
+    pub(super) fn varint_field(tag: u32, v: u64, buf: &mut Vec<u8>) {
+        if v != 0 {
+            encode_key(tag, WireType::Varint, buf);
+            encode_varint(v, buf);
+        }
+    }
+
+    pub(super) fn len_field_len(tag: u32, len: usize) -> usize {
+        prost::encoding::key_len(tag) + encoded_len_varint(len as u64) + len
+    }
+
+    pub(super) fn len_head(tag: u32, len: usize, buf: &mut Vec<u8>) {
+        encode_key(tag, WireType::LengthDelimited, buf);
+        encode_varint(len as u64, buf);
+    }
+}
+
+impl floodgate_core::region::BatchSink for BatchEncoder {
+    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]) {
+        use wire::*;
+        let (kind, slot_us, horizon) = match shape {
+            Shape::Windowed { slot_us, horizon } => (1u64, slot_us, u64::from(horizon)),
+            Shape::Gcra { slot_us } => (2, slot_us, 0),
+        };
+        let comp_len = |c: &Component| {
+            varint_field_len(1, u64::from(c.region))
+                + varint_field_len(2, c.incarnation)
+                + varint_field_len(3, c.slot)
+                + varint_field_len(4, c.count)
+        };
+        let item_len = len_field_len(1, key.len())
+            + varint_field_len(2, fingerprint)
+            + varint_field_len(3, kind)
+            + varint_field_len(4, slot_us)
+            + varint_field_len(5, horizon)
+            + components.iter().map(|c| len_field_len(6, comp_len(c))).sum::<usize>();
+        let b = &mut self.buf;
+        len_head(5, item_len, b);
+        len_head(1, key.len(), b);
+        b.extend_from_slice(key.as_bytes());
+        varint_field(2, fingerprint, b);
+        varint_field(3, kind, b);
+        varint_field(4, slot_us, b);
+        varint_field(5, horizon, b);
+        for c in components {
+            len_head(6, comp_len(c), b);
+            varint_field(1, u64::from(c.region), b);
+            varint_field(2, c.incarnation, b);
+            varint_field(3, c.slot, b);
+            varint_field(4, c.count, b);
+        }
+    }
+}
+
+impl BatchEncoder {
+    /// The whole message: the keys written so far, then `head`'s fields.
+    pub fn finish(mut self, head: &floodgate_core::region::BatchHead) -> Encoded {
+        use wire::*;
+        let b = &mut self.buf;
+        len_head(1, head.from.len(), b);
+        b.extend_from_slice(head.from.as_bytes());
+        varint_field(2, head.from_incarnation, b);
+        varint_field(3, head.to_incarnation, b);
+        varint_field(4, head.seq, b);
+        varint_field(6, u64::from(head.complete), b);
+        for r in &head.regions {
+            len_head(7, r.len(), b);
+            b.extend_from_slice(r.as_bytes());
+        }
+        Encoded(self.buf)
+    }
+}
+
+#[cfg(test)]
+mod encoder_tests {
+    use super::*;
+    use floodgate_core::region::BatchSink;
+    use prost::Message;
+
+    #[test]
+    fn the_direct_encoding_decodes_as_the_message() {
+        let items = [
+            (
+                "api|user=alice#0",
+                42u64,
+                Shape::Windowed { slot_us: 60_000_000, horizon: 1 },
+                vec![
+                    Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5 },
+                    Component { region: 2, incarnation: 0, slot: 0, count: 0 },
+                ],
+            ),
+            ("k", 0, Shape::Gcra { slot_us: 250_000 }, vec![]),
+        ];
+        let mut enc = BatchEncoder::default();
+        for (k, fp, shape, comps) in &items {
+            enc.item(k, *fp, *shape, comps);
+        }
+        let head = floodgate_core::region::BatchHead {
+            from: "eu".into(),
+            regions: vec!["eu".into(), "us".into(), "ap".into()],
+            from_incarnation: 7,
+            to_incarnation: 0,
+            seq: 12,
+            items: 2,
+            complete: true,
+        };
+        let bytes = enc.finish(&head).0;
+        let got = SyncBatch::decode(&bytes[..]).unwrap().into_batch().unwrap();
+        assert_eq!(got.from, "eu");
+        assert_eq!((got.from_incarnation, got.to_incarnation, got.seq, got.complete), (7, 0, 12, true));
+        assert_eq!(got.regions, head.regions);
+        assert_eq!(got.items.len(), 2);
+        assert_eq!(got.items[0].key, "api|user=alice#0");
+        assert_eq!(got.items[0].components, items[0].3);
+        assert_eq!(got.items[1].shape, Shape::Gcra { slot_us: 250_000 });
+        // The same bytes prost writes for the same message.
+        let via_prost = SyncBatch::decode(&bytes[..]).unwrap();
+        assert_eq!(SyncBatch::decode(&via_prost.encode_to_vec()[..]).unwrap(), via_prost);
+    }
+}

@@ -6,6 +6,20 @@
 use std::future::Future;
 
 use floodgate_core::region::{Ack, Batch, GlobalTable, Receipt};
+use prost::Message;
+
+use crate::proto::{BatchEncoder, Encoded, SyncBatch};
+
+/// A batch ready to send.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// Its sequence number (for [`Region::on_failure`]).
+    pub seq: u64,
+    /// No keys and not the end of a full state transfer: a heartbeat.
+    pub idle: bool,
+    /// The encoded `SyncBatch`.
+    pub bytes: Encoded,
+}
 
 /// A region's side of the sync.
 pub trait Region: Send + Sync + 'static {
@@ -17,6 +31,16 @@ pub trait Region: Send + Sync + 'static {
 
     /// The next batch for peer `peer` at `now_us`, if one is due.
     fn next_batch(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Batch>> + Send;
+
+    /// The next batch for peer `peer`, encoded (by default from
+    /// [`Region::next_batch`]; a region can write it without the copy).
+    fn next_encoded(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Outgoing>> + Send {
+        async move {
+            let batch = self.next_batch(peer, now_us).await?;
+            let (seq, idle) = (batch.seq, batch.items.is_empty() && !batch.complete);
+            Some(Outgoing { seq, idle, bytes: Encoded(SyncBatch::from_batch(batch).encode_to_vec()) })
+        }
+    }
 
     /// Peer `peer` acknowledged a batch.
     fn on_ack(&self, peer: usize, ack: &Ack, now_us: u64) -> impl Future<Output = ()> + Send;
@@ -41,6 +65,16 @@ impl Region for GlobalTable {
 
     fn next_batch(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Batch>> + Send {
         std::future::ready(GlobalTable::next_batch(self, peer, now_us))
+    }
+
+    fn next_encoded(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Outgoing>> + Send {
+        let mut enc = BatchEncoder::default();
+        let out = GlobalTable::next_batch_into(self, peer, now_us, &mut enc).map(|head| Outgoing {
+            seq: head.seq,
+            idle: head.items == 0 && !head.complete,
+            bytes: enc.finish(&head),
+        });
+        std::future::ready(out)
     }
 
     fn on_ack(&self, peer: usize, ack: &Ack, now_us: u64) -> impl Future<Output = ()> + Send {
@@ -68,6 +102,10 @@ impl<R: Region> Region for std::sync::Arc<R> {
 
     fn next_batch(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Batch>> + Send {
         (**self).next_batch(peer, now_us)
+    }
+
+    fn next_encoded(&self, peer: usize, now_us: u64) -> impl Future<Output = Option<Outgoing>> + Send {
+        (**self).next_encoded(peer, now_us)
     }
 
     fn on_ack(&self, peer: usize, ack: &Ack, now_us: u64) -> impl Future<Output = ()> + Send {

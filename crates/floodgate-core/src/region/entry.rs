@@ -72,6 +72,21 @@ pub(crate) struct Entry {
     pub(crate) queued: u64,
     /// The key, shared with the table's map and the peers' queues.
     pub(crate) name: Option<std::sync::Arc<str>>,
+    /// Own hits admitted since the key was last queued for the peers.
+    pub(crate) unsent: u64,
+    /// Waiting in the table's lazy list (sent within the lazy period).
+    pub(crate) lazy: bool,
+}
+
+/// When a decision's own hits go to the peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Send {
+    /// Nothing changed.
+    No,
+    /// At the next batch: the hits can matter soon.
+    Now,
+    /// Within the lazy period: the key is far below its limit.
+    Later,
 }
 
 /// GCRA slots per full refill time.
@@ -197,9 +212,9 @@ impl Entry {
     /// family: over the local bucket, peers' debt included), then the
     /// caps; admitted hits join this region's own component. Returns the
     /// decision and whether the own component changed.
-    pub(crate) fn decide(&mut self, limit: &Limit, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, bool) {
+    pub(crate) fn decide(&mut self, limit: &Limit, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, Send) {
         let (Some(mode), Some(shape)) = (self.rule.as_ref().map(|r| r.mode), self.shape) else {
-            return (Decision::deny(0, 0, 0, None), false);
+            return (Decision::deny(0, 0, 0, None), Send::No);
         };
         self.prune(now);
         let cur = now / shape.slot_us();
@@ -214,7 +229,7 @@ impl Entry {
             }
         };
         if !d.allowed || hits == 0 {
-            return (d, false);
+            return (d, Send::No);
         }
         // The caps: what this region may admit beyond what it knows.
         let capacity = match shape {
@@ -245,14 +260,25 @@ impl Entry {
             let remaining = left.min(d.remaining.saturating_add(hits));
             let retry = (hits <= whole).then_some(caps.retry_us.max(1));
             let reset = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
-            return (Decision::deny(d.limit, remaining, reset, retry), false);
+            return (Decision::deny(d.limit, remaining, reset, retry), Send::No);
         }
         if let Some(t) = gcra_state {
             self.tat = t;
         }
         let slot = self.slot_mut(cur, peers);
         slot.own = slot.own.saturating_add(hits);
-        (d, true)
+        self.unsent = self.unsent.saturating_add(hits);
+        // Over-admission can only happen at the limit. A key whose hits not
+        // yet sent are less than its share of what is left, `remaining /
+        // (2 × regions)`, cannot bring any region past the limit however
+        // late they arrive, so it may wait for the lazy period; otherwise,
+        // and for bounded rules (acknowledgements free the slice) or while
+        // warming, it goes at the next batch.
+        let regions = u128::from(u64::try_from(caps.regions).unwrap_or(u64::MAX));
+        let urgent = matches!(mode, SyncMode::Bounded { .. })
+            || caps.warming
+            || u128::from(self.unsent) * 2 * regions >= u128::from(d.remaining);
+        (d, if urgent { Send::Now } else { Send::Later })
     }
 
     /// The window algorithms' state as if one region held every count.

@@ -19,5 +19,7 @@ mod wire;
 
 pub use entry::{fingerprint, shape_of};
 pub use scope::{MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
-pub use table::{GlobalTable, LinkStats, MAX_PEERS, Receipt, RegionConfig, TableStats, is_global};
+pub use table::{
+    BatchHead, BatchSink, GlobalTable, LinkStats, MAX_PEERS, Receipt, RegionConfig, TableStats, is_global,
+};
 pub use wire::{Ack, Batch, Component, Item, Shape};

@@ -8,8 +8,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use crate::region::entry::{Caps, Entry, shape_of};
-use crate::region::wire::{Ack, Batch, Component, Item};
+use crate::region::entry::{Caps, Entry, Send, shape_of};
+use crate::region::wire::{Ack, Batch, Component, Item, Shape};
 use crate::region::{Scope, SyncMode};
 use crate::{Decision, Limit, StoreError};
 
@@ -45,6 +45,10 @@ pub struct RegionConfig {
     /// The wait suggested to a request the slice denies (µs): about one sync
     /// round trip (default 200 ms).
     pub retry_hint_us: u64,
+    /// The longest a key far below its limit waits before it is sent (µs,
+    /// default 1 s: ten intervals). A key whose hits not yet sent reach
+    /// `remaining / (2 × regions)` is sent at the next batch.
+    pub lazy_us: u64,
 }
 
 impl RegionConfig {
@@ -61,6 +65,7 @@ impl RegionConfig {
             ack_timeout_us: 2_000_000,
             heartbeat_us: 1_000_000,
             retry_hint_us: 200_000,
+            lazy_us: 1_000_000,
         }
     }
 }
@@ -172,6 +177,8 @@ struct Link {
     last_sent_us: u64,
     /// The peer's incarnation in its last batch to us.
     sender_incarnation: Option<u64>,
+    /// A batch to it failed since its last acknowledgement.
+    failing: bool,
     complete_from: bool,
     stats: LinkStats,
 }
@@ -188,6 +195,8 @@ pub struct GlobalTable {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     links: Box<[Mutex<Link>]>,
+    /// Keys whose own hits wait for the lazy period: (since, key).
+    lazy: Mutex<VecDeque<(u64, Arc<str>)>>,
     warming: AtomicBool,
     merges: AtomicU64,
     unchanged: AtomicU64,
@@ -251,6 +260,7 @@ impl GlobalTable {
                     in_flight: Vec::new(),
                     last_sent_us: 0,
                     sender_incarnation: None,
+                    failing: false,
                     complete_from: false,
                     stats: LinkStats::default(),
                 })
@@ -266,6 +276,7 @@ impl GlobalTable {
             shards,
             hasher: foldhash::fast::RandomState::default(),
             links,
+            lazy: Mutex::new(VecDeque::new()),
             cfg,
             merges: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
@@ -326,9 +337,16 @@ impl GlobalTable {
         let mut shard = lock(self.shard(key));
         let decide = |entry: &mut Entry| {
             entry.set_rule(limit, mode, shape, peers);
-            let (d, changed) = entry.decide(limit, now, hits, peers, caps);
-            if changed {
-                self.queue_for_peers(entry);
+            let (d, send) = entry.decide(limit, now, hits, peers, caps);
+            match send {
+                Send::Now => self.queue_for_peers(entry),
+                Send::Later if !entry.lazy => {
+                    if let Some(name) = entry.name.clone() {
+                        entry.lazy = true;
+                        lock(&self.lazy).push_back((now, name));
+                    }
+                }
+                Send::Later | Send::No => {}
             }
             d
         };
@@ -362,6 +380,8 @@ impl GlobalTable {
             return;
         }
         let Some(name) = entry.name.clone() else { return };
+        entry.unsent = 0;
+        entry.lazy = false;
         entry.queued |= missing;
         for (p, link) in self.links.iter().enumerate() {
             if missing & (1 << p) != 0 {
@@ -503,6 +523,27 @@ impl GlobalTable {
     /// full state transfer's first), or an empty heartbeat on an idle link.
     /// `None` while `max_in_flight` batches await acknowledgement.
     pub fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
+        let mut items = Vec::new();
+        let head = self.next_batch_into(p, now, &mut |key: &str, fingerprint, shape, components: &[Component]| {
+            items.push(Item { key: key.to_owned(), fingerprint, shape, components: components.to_vec() });
+        })?;
+        Some(Batch {
+            from: head.from,
+            regions: head.regions,
+            from_incarnation: head.from_incarnation,
+            to_incarnation: head.to_incarnation,
+            seq: head.seq,
+            items,
+            complete: head.complete,
+        })
+    }
+
+    /// [`GlobalTable::next_batch`], each key handed to `sink` as it is read
+    /// (under its shard's lock; `components` is a buffer reused between
+    /// keys) instead of collected: a transport can encode the batch
+    /// straight from the table. Returns the batch's other fields.
+    pub fn next_batch_into(&self, p: usize, now: u64, sink: &mut impl BatchSink) -> Option<BatchHead> {
+        self.flush_lazy(now);
         let expired = {
             let mut link = lock(&self.links[p]);
             // Unacknowledged after an interval and twice the round trip: lost
@@ -513,6 +554,7 @@ impl GlobalTable {
                 std::mem::take(&mut link.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
             link.in_flight = kept;
             link.stats.failures += gone.len() as u64;
+            link.failing |= !gone.is_empty();
             gone
         };
         for f in expired {
@@ -568,7 +610,8 @@ impl GlobalTable {
             link.last_sent_us = now;
             (keys, full, complete, link.seq, link.known_incarnation.unwrap_or(0))
         };
-        let mut items = Vec::with_capacity(keys.len());
+        let mut items = 0u64;
+        let mut components: Vec<Component> = Vec::new();
         let mut sent = Vec::new();
         // Components name their region by its index here (0: this one).
         let regions: Vec<String> =
@@ -584,26 +627,24 @@ impl GlobalTable {
                 // Only peers' counts, no rule here yet: a full transfer
                 // relays them with a zero fingerprint.
                 if full && let Some(shape) = entry.shape {
-                    let components = entry
-                        .slots
-                        .iter()
-                        .flat_map(|s| {
-                            s.comps.iter().map(|c| Component {
-                                region: u32::from(c.region),
-                                incarnation: c.incarnation,
-                                slot: s.id,
-                                count: c.count,
-                            })
+                    components.clear();
+                    components.extend(entry.slots.iter().flat_map(|s| {
+                        s.comps.iter().map(|c| Component {
+                            region: u32::from(c.region),
+                            incarnation: c.incarnation,
+                            slot: s.id,
+                            count: c.count,
                         })
-                        .collect();
-                    items.push(Item { key: key.to_string(), fingerprint: 0, shape, components });
+                    }));
+                    sink.item(key, 0, shape, &components);
+                    items += 1;
                 }
                 continue;
             };
             // Only a bounded rule's slice reads what peers acknowledged: the
             // values sent are kept for those alone.
             let bounded = matches!(rule.mode, SyncMode::Bounded { .. });
-            let mut components = Vec::with_capacity(entry.slots.len());
+            components.clear();
             for s in &entry.slots {
                 if s.own > 0 || full {
                     components.push(Component { region: 0, incarnation: self.incarnation, slot: s.id, count: s.own });
@@ -622,13 +663,14 @@ impl GlobalTable {
                     }
                 }
             }
-            items.push(Item { key: key.to_string(), fingerprint: rule.fingerprint, shape, components });
+            sink.item(key, rule.fingerprint, shape, &components);
+            items += 1;
         }
         let mut link = lock(&self.links[p]);
         link.stats.batches_sent += 1;
-        link.stats.items_sent += items.len() as u64;
+        link.stats.items_sent += items;
         link.in_flight.push(InFlight { seq, sent_us: now, keys, acked: sent, full, complete });
-        Some(Batch {
+        Some(BatchHead {
             from: self.region.to_string(),
             regions,
             from_incarnation: self.incarnation,
@@ -637,6 +679,29 @@ impl GlobalTable {
             items,
             complete,
         })
+    }
+
+    /// Queue the keys whose lazy period is over.
+    fn flush_lazy(&self, now: u64) {
+        let due: Vec<Arc<str>> = {
+            let mut lazy = lock(&self.lazy);
+            let mut due = Vec::new();
+            while lazy.front().is_some_and(|(since, _)| since.saturating_add(self.cfg.lazy_us) <= now) {
+                // (now = u64::MAX: everything.)
+                if let Some((_, k)) = lazy.pop_front() {
+                    due.push(k);
+                }
+            }
+            due
+        };
+        for key in due {
+            let mut shard = lock(self.shard(&key));
+            if let Some(e) = shard.get_mut(&*key)
+                && e.lazy
+            {
+                self.queue_for_peers(e);
+            }
+        }
     }
 
     /// A batch failed or went unacknowledged: its keys go out again.
@@ -685,6 +750,7 @@ impl GlobalTable {
             let mut link = lock(&self.links[p]);
             let Some(i) = link.in_flight.iter().position(|f| f.seq == seq) else { return };
             link.stats.failures += 1;
+            link.failing = true;
             link.in_flight.swap_remove(i)
         };
         self.requeue(p, f);
@@ -694,9 +760,10 @@ impl GlobalTable {
     /// peer (it restarted with its state lost, or this is the first word
     /// from it) starts a full state transfer to it.
     pub fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let (done, restart) = {
+        let (done, restart, recovered) = {
             let mut link = lock(&self.links[p]);
             link.stats.last_ack_us = now;
+            let recovered = std::mem::take(&mut link.failing);
             let restart = link.known_incarnation != Some(ack.incarnation);
             link.known_incarnation = Some(ack.incarnation);
             let done = match link.in_flight.iter().position(|f| f.seq == ack.seq) {
@@ -716,8 +783,14 @@ impl GlobalTable {
                 }
                 None => None,
             };
-            (done, restart)
+            (done, restart, recovered)
         };
+        if recovered {
+            // Back from a failure (a healed partition): what waited for the
+            // lazy period goes now, so every region agrees as soon as the
+            // link allows.
+            self.flush_lazy(u64::MAX);
+        }
         if let Some(f) = done {
             for (key, slot, count) in f.acked {
                 if let Some(entry) = lock(self.shard(&key)).get_mut(&*key) {
@@ -819,6 +892,37 @@ impl GlobalTable {
             }
         }
     }
+}
+
+/// Where [`GlobalTable::next_batch_into`] hands each key of a batch.
+pub trait BatchSink {
+    /// One key: its fingerprint, shape and components.
+    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]);
+}
+
+impl<F: FnMut(&str, u64, Shape, &[Component])> BatchSink for F {
+    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]) {
+        self(key, fingerprint, shape, components);
+    }
+}
+
+/// A batch's fields other than its keys (see [`Batch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchHead {
+    /// The sending region.
+    pub from: String,
+    /// The region names components refer to by index.
+    pub regions: Vec<String>,
+    /// The sender's incarnation.
+    pub from_incarnation: u64,
+    /// The receiver's incarnation as the sender knows it.
+    pub to_incarnation: u64,
+    /// The batch's number on its link.
+    pub seq: u64,
+    /// Keys handed to the sink.
+    pub items: u64,
+    /// The full state transfer is complete with this batch.
+    pub complete: bool,
 }
 
 /// Whether a rule's scope sends it through a [`GlobalTable`].

@@ -70,7 +70,8 @@ fn regions_see_each_others_usage_after_a_sync() {
 fn duplicated_replayed_and_reordered_batches_change_nothing() {
     let t = tables(&["a", "b"]);
     sync_all(&t, 0);
-    let l = fixed(100);
+    // Near the limit: every admission is sent at the next batch.
+    let l = fixed(10);
     let e = SyncMode::Eventual;
     admitted(&t[0], "k", &l, e, 3, S);
     let first = t[0].next_batch(0, S).unwrap();
@@ -80,7 +81,7 @@ fn duplicated_replayed_and_reordered_batches_change_nothing() {
     for b in [&second, &first, &first, &second] {
         t[1].receive(b, S);
     }
-    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 93);
+    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 3);
     assert!(t[1].stats().unchanged >= 3);
 }
 
@@ -157,20 +158,20 @@ fn a_restarted_region_warms_up_within_its_slice_and_recovers_its_old_usage() {
 fn a_lost_batch_is_sent_again_and_a_refused_peer_list_says_why() {
     let t = tables(&["a", "b"]);
     sync_all(&t, 0);
-    let l = fixed(100);
+    let l = fixed(20);
     let e = SyncMode::Eventual;
     admitted(&t[0], "k", &l, e, 5, S);
     let lost = t[0].next_batch(0, S).unwrap();
     t[0].on_failure(0, lost.seq);
     sync_all(&t, S);
-    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 95);
+    assert_eq!(t[1].apply("k", &l, e, 0, S).unwrap().remaining, 15);
     // Never acknowledged at all: sent again after the timeout.
     admitted(&t[0], "k", &l, e, 5, S);
     let _unanswered = t[0].next_batch(0, S).unwrap();
     let again = t[0].next_batch(0, S + 3 * S).unwrap();
     assert_eq!(again.items.len(), 1);
     t[1].receive(&again, 4 * S);
-    assert_eq!(t[1].apply("k", &l, e, 0, 4 * S).unwrap().remaining, 90);
+    assert_eq!(t[1].apply("k", &l, e, 0, 4 * S).unwrap().remaining, 10);
 
     let err = |peers: &[&str]| {
         GlobalTable::new(RegionConfig::new("a", peers.iter().map(|p| (*p).to_owned()).collect(), 1)).unwrap_err()
@@ -241,4 +242,26 @@ mod simulated {
         let c = r.convergence_us.expect("converged");
         assert!(c <= r.convergence_bound_us, "{c} µs, bound {} µs", r.convergence_bound_us);
     }
+}
+
+#[test]
+fn a_key_far_below_its_limit_waits_for_the_lazy_period_and_one_near_it_does_not() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    let l = fixed(1_000);
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "far", &l, e, 5, S), 5);
+    let b = t[0].next_batch(0, S + 1).unwrap();
+    assert!(b.items.is_empty(), "5 hits of 1 000: nothing can go wrong before the lazy period ends");
+    t[0].on_ack(0, &t[1].receive(&b, S + 1).ack, S + 1);
+    // The lazy period (1 s) over: sent.
+    let b = t[0].next_batch(0, 2 * S).unwrap();
+    assert_eq!(b.items.len(), 1);
+    t[1].receive(&b, 2 * S);
+    assert_eq!(t[1].apply("far", &l, e, 0, 2 * S).unwrap().remaining, 995);
+    // 300 hits not yet sent, 700 left: 300 x 2 x 2 regions >= 700, so they
+    // could matter before the lazy period ends: at the next batch.
+    assert_eq!(admitted(&t[0], "near", &l, e, 300, 2 * S), 300);
+    let b = t[0].next_batch(0, 2 * S).unwrap();
+    assert_eq!(b.items.len(), 1, "{b:?}");
 }

@@ -59,6 +59,7 @@ impl Regions {
         let mut cfg = RegionConfig::new(config.region.clone(), names, incarnation());
         cfg.interval_us = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
         cfg.retry_hint_us = 2 * cfg.interval_us;
+        cfg.lazy_us = 10 * cfg.interval_us;
         cfg.ack_timeout_us = cfg.ack_timeout_us.max(2 * u64::try_from(config.timeout.as_micros()).unwrap_or(0));
         let table = GlobalTable::new(cfg).map_err(|e| format!("--region/--peers: {e}"))?;
         let link = floodgate_sync::LinkConfig {
