@@ -34,6 +34,12 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
     fn regions_health(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// The regions this store's limits can be shared by, this one included
+    /// (0: not a region).
+    fn regions_count(&self) -> usize {
+        0
+    }
 }
 
 impl Backend for MemoryStore<SystemClock> {

@@ -187,3 +187,15 @@ fn regression_the_bundled_rules_serve_from_any_directory() {
     // Not watched: nothing to watch, and no warning about it.
     assert!(s.logged("not watching").is_empty());
 }
+
+/// A global limit needs peer regions, from the admin API as from a file:
+/// refused with what to do, not decided as a regional one in silence.
+#[test]
+fn a_global_override_on_an_instance_without_regions_is_refused() {
+    let home = TempDir::new("global-override");
+    let s = serve_in(&home.0, &home.path("state"), "global-override-run");
+    let spec = r#"{"domain": "api", "descriptor": [{"key": "user", "value": "x"}], "limits": {"unit": "hour", "requests_per_unit": 60, "scope": "global"}}"#;
+    let (code, body) = http(&s.admin, "PUT", "/admin/v1/overrides", spec);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("--region") && body.contains("scope: region"), "{body}");
+}

@@ -172,6 +172,13 @@ async fn set<S: Backend>(
 ) -> Result<Response, ApiError> {
     let o = state.service.overrides().ok_or_else(no_overrides)?;
     let spec: OverrideSpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
+    // A global limit needs peer regions here, as in the rules files.
+    if let Ok(rules) = floodgate_core::rules::parse_limits("limits", &spec.limits.to_string(), "override") {
+        let regions = state.service.store().regions_count();
+        if let Some(why) = rules.iter().find_map(|r| crate::runtime::regions::check_rule(r, regions)) {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "limits", why));
+        }
+    }
     let o = o.put(spec).await.map_err(override_error)?;
     let n = o.rules.len();
     Ok(axum::Json(json!({ "set": true, "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": n }))

@@ -159,6 +159,10 @@ impl Backend for ServerStore {
         self.regions().map(|r| r.health())
     }
 
+    fn regions_count(&self) -> usize {
+        self.regions().map_or(0, |r| r.count())
+    }
+
     fn sweep(&self) {
         match self {
             Self::Memory(s) => {
