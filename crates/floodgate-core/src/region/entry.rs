@@ -135,6 +135,8 @@ pub(crate) struct Caps {
     /// The wait suggested to a request the caps deny (µs): about one sync
     /// round trip.
     pub(crate) retry_us: u64,
+    /// Send every change at the next batch (a link is failing).
+    pub(crate) eager: bool,
 }
 
 impl Entry {
@@ -277,6 +279,7 @@ impl Entry {
         let regions = u128::from(u64::try_from(caps.regions).unwrap_or(u64::MAX));
         let urgent = matches!(mode, SyncMode::Bounded { .. })
             || caps.warming
+            || caps.eager
             || u128::from(self.unsent) * 2 * regions >= u128::from(d.remaining);
         (d, if urgent { Send::Now } else { Send::Later })
     }

@@ -197,6 +197,8 @@ pub struct GlobalTable {
     links: Box<[Mutex<Link>]>,
     /// Keys whose own hits wait for the lazy period: (since, key).
     lazy: Mutex<VecDeque<(u64, Arc<str>)>>,
+    /// Links whose last batch failed: while any do, nothing is lazy.
+    failing_links: std::sync::atomic::AtomicUsize,
     warming: AtomicBool,
     merges: AtomicU64,
     unchanged: AtomicU64,
@@ -277,6 +279,7 @@ impl GlobalTable {
             hasher: foldhash::fast::RandomState::default(),
             links,
             lazy: Mutex::new(VecDeque::new()),
+            failing_links: std::sync::atomic::AtomicUsize::new(0),
             cfg,
             merges: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
@@ -319,7 +322,12 @@ impl GlobalTable {
     }
 
     fn caps(&self) -> Caps {
-        Caps { regions: self.regions(), warming: self.warming(), retry_us: self.cfg.retry_hint_us }
+        Caps {
+            regions: self.regions(),
+            warming: self.warming(),
+            retry_us: self.cfg.retry_hint_us,
+            eager: self.failing_links.load(Ordering::Acquire) > 0,
+        }
     }
 
     /// Decide `hits` of a `scope: global` limit for `key` at `now`
@@ -554,9 +562,14 @@ impl GlobalTable {
                 std::mem::take(&mut link.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
             link.in_flight = kept;
             link.stats.failures += gone.len() as u64;
+            let started = !gone.is_empty() && !link.failing;
             link.failing |= !gone.is_empty();
-            gone
+            (gone, started)
         };
+        let (expired, started) = expired;
+        if started {
+            self.link_failing(true);
+        }
         for f in expired {
             self.requeue(p, f);
         }
@@ -750,10 +763,26 @@ impl GlobalTable {
             let mut link = lock(&self.links[p]);
             let Some(i) = link.in_flight.iter().position(|f| f.seq == seq) else { return };
             link.stats.failures += 1;
-            link.failing = true;
-            link.in_flight.swap_remove(i)
+            let started = !std::mem::replace(&mut link.failing, true);
+            (link.in_flight.swap_remove(i), started)
         };
+        let (f, started) = f;
+        if started {
+            self.link_failing(true);
+        }
         self.requeue(p, f);
+    }
+
+    /// A link started (`true`) or stopped failing. While any link fails,
+    /// nothing is lazy (and what was waiting goes now): a healed link then
+    /// finds every change already queued.
+    fn link_failing(&self, started: bool) {
+        if started {
+            self.failing_links.fetch_add(1, Ordering::AcqRel);
+            self.flush_lazy(u64::MAX);
+        } else {
+            self.failing_links.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Peer `p` acknowledged a batch at `now`. A new incarnation of the
@@ -786,10 +815,7 @@ impl GlobalTable {
             (done, restart, recovered)
         };
         if recovered {
-            // Back from a failure (a healed partition): what waited for the
-            // lazy period goes now, so every region agrees as soon as the
-            // link allows.
-            self.flush_lazy(u64::MAX);
+            self.link_failing(false);
         }
         if let Some(f) = done {
             for (key, slot, count) in f.acked {
