@@ -7,21 +7,27 @@
 -- slot). Requests are decided in order, each seeing the ones before it.
 --
 -- KEYS         the counter keys of every check of every request, in order.
--- ARGV[1]      "apply" or "refund".
+-- ARGV[1]      "apply" or "refund" (or, for a region's global limits, see
+--              global.lua: "merge", "read" or "ack", with their own KEYS and
+--              ARGV).
 -- Then per request:
 --   now        microseconds since the Unix epoch, or "" to read the Redis
 --              server's TIME (the default: instances with skewed clocks
 --              still agree). With a given time, keys expire an hour late
 --              (Redis expires them on its own clock).
 --   n          the number of its checks (its next n keys).
---   6 values per check: algorithm (fw fixed_window, sl sliding_log, sw
+--   8 values per check: algorithm (fw fixed_window, sl sliding_log, sw
 --              sliding_window, sb sliding_buckets, gc gcra / token_bucket /
 --              leaky_bucket meter, sh leaky_bucket shaper), limit, window
 --              (us), burst or granularity (0 when the algorithm takes
 --              neither), hits (at most capacity + 1: every larger request
 --              is denied alike), and for "apply" 1 when a denial denies the
 --              request (0 for a shadow-mode limit), for "refund" the time
---              the hits were taken.
+--              the hits were taken; then the scope ('' regional, 'g'
+--              global) and for a global check "U H S P W R F": its slot
+--              length (us) and horizon, the bounded slice (0: none), the
+--              number of peers, the warming cap (0: none), the retry time
+--              of a capped denial (us), the limit's fingerprint.
 --
 -- "apply" decides each request's checks in order; when an enforced check is
 -- denied, the request's checks that allowed are refunded at once (which
@@ -33,9 +39,25 @@
 
 local op = ARGV[1]
 local refunding = op == 'refund'
-if not refunding and op ~= 'apply' then
-  return redis.error_reply('floodgate: ARGV[1] must be apply or refund, not ' .. tostring(op))
+if op == 'merge' or op == 'read' or op == 'ack' then
+  local now
+  if ARGV[2] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = tonumber(ARGV[2])
+    TTL_SLACK_MS = 3600000
+  end
+  local out
+  if op == 'merge' then out = gmerge(now) elseif op == 'read' then out = gread(now) else out = gack(now) end
+  flush()
+  return out
 end
+if not refunding and op ~= 'apply' then
+  return redis.error_reply('floodgate: ARGV[1] must be apply, refund, merge, read or ack, not ' .. tostring(op))
+end
+
+local STRIDE = 8
 
 -- The server's time, read at most once per call.
 local server_now
@@ -59,16 +81,16 @@ while a <= #ARGV do
   local n = tonumber(ARGV[a + 1])
   if not n or n < 1 then return bad('bad check count ' .. tostring(ARGV[a + 1]) .. ' at ARGV[' .. (a + 1) .. ']') end
   for i = 0, n - 1 do
-    local code = ARGV[a + 2 + 6 * i]
+    local code = ARGV[a + 2 + STRIDE * i]
     local alg = ALG[code]
-    if not alg then return bad('unknown algorithm ' .. tostring(code) .. ' at ARGV[' .. (a + 2 + 6 * i) .. ']') end
+    if not alg then return bad('unknown algorithm ' .. tostring(code) .. ' at ARGV[' .. (a + 2 + STRIDE * i) .. ']') end
     local key = KEYS[k + i + 1]
     if alg.string and key and not listed[key] then
       listed[key] = true
       fetch[#fetch + 1] = key
     end
   end
-  a, k = a + 2 + 6 * n, k + n
+  a, k = a + 2 + STRIDE * n, k + n
 end
 if a ~= #ARGV + 1 or k ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
@@ -78,14 +100,25 @@ prefetch(fetch)
 -- Check i of the request whose arguments start at a: its values (no table
 -- per check: this runs for every decision).
 local function check(a, i)
-  local b = a + 2 + 6 * (i - 1)
+  local b = a + 2 + STRIDE * (i - 1)
   return ALG[ARGV[b]], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
     tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
 end
 
-local function refund(key, alg, l, w, p, hits, at, now)
+-- Check i's scope: nil for a regional check, else its global spec
+-- {U, H, S, P, W, R}, its fingerprint and its algorithm code.
+local function scope(a, i)
+  local b = a + 2 + STRIDE * (i - 1)
+  if ARGV[b + 6] == '' then return nil end
+  local u, h, sl, pe, wa, re, fp = string.match(ARGV[b + 7], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not u then return nil end
+  return { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re) }, fp, ARGV[b]
+end
+
+local function refund(key, alg, l, w, p, hits, at, now, spec, code)
   if l > 0 and hits > 0 then
     alg.refund(key, l, w, p, hits, at, math.max(now, at))
+    if spec then grefund(key, code, hits, at, spec) end
   end
 end
 
@@ -107,7 +140,8 @@ while a <= #ARGV do
   if refunding then
     for i = 1, n do
       local alg, l, w, p, hits, at = check(a, i)
-      refund(KEYS[k + i], alg, l, w, p, hits, at, now)
+      local spec, _, code = scope(a, i)
+      refund(KEYS[k + i], alg, l, w, p, hits, at, now, spec, code)
     end
   else
     local head = o + 1
@@ -116,9 +150,32 @@ while a <= #ARGV do
     local denied = false
     for i = 1, n do
       local alg, l, w, p, hits, flag = check(a, i)
+      local spec, fp, code = scope(a, i)
       local allowed, remaining, reset, retry, delay
       if l == 0 then
         allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
+      elseif spec then
+        -- Global: decide over every region's counts, then count and cap.
+        local key = KEYS[k + i]
+        local g = gbase(key)
+        gmeta(g, key, code, l, w, p, fp, spec[1], spec[2], now)
+        -- The GCRA state as it was: a capped request leaves it exactly so
+        -- (a refund would leave a tat clamped up to now).
+        local before = nil
+        if code == 'gc' or code == 'sh' then
+          local s = numbers(key, 2)
+          if s then before = { s[1], s[2] } else before = { 0, 0 } end
+        end
+        REMOTE = remote_of(g)
+        allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
+        REMOTE = nil
+        if allowed and hits > 0 then
+          local left, capped_retry = gcommit(key, g, code, l, w, p, hits, now, spec, alg, before)
+          if left then
+            allowed, retry, delay = false, capped_retry, 0
+            remaining = math.min(left, remaining + hits)
+          end
+        end
       else
         allowed, remaining, reset, retry, delay = alg.apply(KEYS[k + i], l, w, p, hits, now)
       end
@@ -133,12 +190,13 @@ while a <= #ARGV do
       for i = n, 1, -1 do
         if allowed_at[i] then
           local alg, l, w, p, hits = check(a, i)
-          refund(KEYS[k + i], alg, l, w, p, hits, now, now)
+          local spec, _, code = scope(a, i)
+          refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code)
         end
       end
     end
   end
-  a, k = a + 2 + 6 * n, k + n
+  a, k = a + 2 + STRIDE * n, k + n
 end
 flush()
 return out

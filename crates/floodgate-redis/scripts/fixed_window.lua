@@ -16,20 +16,23 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   local moved = false
   if wid ~= id then id = wid; count = 0; moved = s ~= nil end
   local until_end = w - e
-  if hits == 0 or hits <= l - count then
+  -- Every region's count (global), or this one's.
+  local seen = count + remote(id)
+  if hits == 0 or hits <= l - seen then
     count = count + hits
+    seen = seen + hits
     if hits > 0 or moved then put(key, until_end, id, count) end
     local reset = 0
-    if count > 0 then reset = until_end end
-    return true, l - count, reset, -1, 0
+    if seen > 0 then reset = until_end end
+    return true, l - seen, reset, -1, 0
   end
   local reset, retry = 0, -1
-  if count > 0 then reset = until_end end
+  if seen > 0 then reset = until_end end
   if hits <= l then retry = until_end end
   -- The window moved on: keep that (it is the same state), so a clock
   -- that steps back later sees what the memory store sees.
   if moved then put(key, until_end, id, 0) end
-  return false, math.max(l - count, 0), reset, retry, 0
+  return false, math.max(l - seen, 0), reset, retry, 0
 end
 
 function ALG.fw.refund(key, l, w, _, hits, at, now)

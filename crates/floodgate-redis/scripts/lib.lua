@@ -13,6 +13,16 @@
 
 local ALG = {}
 
+-- For a `scope: global` check (see global.lua): REMOTE(slot) is the sum of
+-- the peer regions' counts in a window or bucket, which the window
+-- algorithms add to this region's own count when they decide; nil for a
+-- regional check. The state they write stays this region's own count.
+local REMOTE = nil
+local function remote(slot)
+  if REMOTE then return REMOTE(slot) end
+  return 0
+end
+
 -- 2^52: a product below it is exact, and so is the sum of two such values.
 local P52 = 4503599627370496
 

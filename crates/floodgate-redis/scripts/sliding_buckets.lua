@@ -45,7 +45,8 @@ local function sb_load(key, g, bid)
   return bid, sum
 end
 
--- The counts of buckets `from`..`to`, oldest first.
+-- The counts of buckets `from`..`to`, oldest first: this region's, plus
+-- the peers' for a global check.
 local function sb_counts(key, g, from, to)
   local fields, n = {}, 0
   for id = from, to do
@@ -54,8 +55,16 @@ local function sb_counts(key, g, from, to)
   end
   local raw = redis.call('HMGET', key, unpack(fields))
   local counts = {}
-  for i = 1, n do counts[i] = tonumber(raw[i]) or 0 end
+  for i = 1, n do counts[i] = (tonumber(raw[i]) or 0) + remote(from + i - 1) end
   return counts
+end
+
+-- The peers' counts over buckets `from`..`to` (0 for a regional check).
+local function sb_remote(from, to)
+  if not REMOTE then return 0 end
+  local sum = 0
+  for id = from, to do sum = sum + REMOTE(id) end
+  return sum
 end
 
 function ALG.sb.apply(key, l, w, g, hits, now)
@@ -74,11 +83,14 @@ function ALG.sb.apply(key, l, w, g, hits, now)
     end
     return 0
   end
+  -- Every region's count (global), or this one's; `own` is this region's.
+  local own = sum
+  sum = own + sb_remote(oldest, bid)
   if hits == 0 or hits <= l - sum then
     if hits > 0 then
       sum = sum + hits
       redis.call('HINCRBY', key, int(math.fmod(bid, g)), int(hits))
-      redis.call('HSET', key, 'l', int(bid), 's', int(sum))
+      redis.call('HSET', key, 'l', int(bid), 's', int(own + hits))
       local ttl = gone_at(bid)
       expire(key, ttl)
       return true, l - sum, ttl, -1, 0

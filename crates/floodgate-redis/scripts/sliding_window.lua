@@ -34,15 +34,19 @@ local function sw_reset(w, e, prev, cur)
 end
 
 function ALG.sw.apply(key, l, w, _, hits, now)
-  local id, prev, cur, e, moved = sw_load(key, w, now)
+  local own_id, own_prev, own_cur, e, moved = sw_load(key, w, now)
+  -- Every region's counts (global), or this one's.
+  local id = own_id
+  local prev, cur = own_prev + remote(id - 1), own_cur + remote(id)
   -- The previous window's weight, rounded up to whole units.
   local pq, pr = muldivmod(prev, w - e, 0, w)
   if pr > 0 then pq = pq + 1 end
   local free = l - cur - pq
   if hits == 0 or hits <= free then
     cur = cur + hits
+    own_cur = own_cur + hits
     local reset = sw_reset(w, e, prev, cur)
-    if hits > 0 or moved then put(key, reset, id, prev, cur) end
+    if hits > 0 or moved then put(key, sw_reset(w, e, own_prev, own_cur), id, own_prev, own_cur) end
     return true, math.max(free - hits, 0), reset, -1, 0
   end
   local retry = -1
@@ -65,7 +69,7 @@ function ALG.sw.apply(key, l, w, _, hits, now)
   end
   local reset = sw_reset(w, e, prev, cur)
   -- The window moved on: keep that (the same state; see fixed_window.lua).
-  if moved then put(key, reset, id, prev, cur) end
+  if moved then put(key, sw_reset(w, e, own_prev, own_cur), id, own_prev, own_cur) end
   return false, math.max(free, 0), reset, retry, 0
 end
 

@@ -14,12 +14,14 @@
 mod breaker;
 mod conn;
 mod denied;
+pub mod region;
 pub mod script;
 mod shared;
 mod store;
 mod target;
 pub mod testing;
 
+pub use region::{MergeStats, RegionCtx};
 pub use shared::SharedMap;
 pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore};
 pub use target::{Target, TargetError};

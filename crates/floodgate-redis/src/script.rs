@@ -16,6 +16,7 @@ pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
         include_str!("../scripts/sliding_buckets.lua"),
         include_str!("../scripts/sliding_log.lua"),
         include_str!("../scripts/gcra.lua"),
+        include_str!("../scripts/global.lua"),
         include_str!("../scripts/entry.lua"),
     ]
     .join("\n")
@@ -63,6 +64,19 @@ pub fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
     format!("{prefix}{{{tag}}}{rest}:{:08x}", limit.fingerprint())
 }
 
+/// The base of a counter key's global state (`scripts/global.lua`): the
+/// prefix, the descriptor's counter key as the hash tag, then `:g` — no
+/// limit fingerprint, so peers, which do not know this region's limit,
+/// find it.
+pub fn global_base(prefix: &str, key: &str) -> String {
+    let tag_len = match key.rfind('#') {
+        Some(i) if i + 1 < key.len() && key[i + 1..].bytes().all(|b| b.is_ascii_digit()) => i,
+        _ => key.len(),
+    };
+    let (tag, rest) = key.split_at(tag_len);
+    format!("{prefix}{{{tag}}}{rest}:g")
+}
+
 /// One check's arguments, owned: a request queued for a batch outlives the
 /// checks it was made from.
 #[derive(Debug, Clone, Copy)]
@@ -73,9 +87,30 @@ pub(crate) struct CheckArgs {
     param: u64,
     hits: u64,
     flag: u64,
+    /// For a global check in a region: what the script needs beyond the
+    /// algorithm (see `GlobalArgs`).
+    global: Option<GlobalArgs>,
+}
+
+/// A global check's extra arguments (entry.lua: "U H S P W R F").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GlobalArgs {
+    pub(crate) slot_us: u64,
+    pub(crate) horizon: u64,
+    pub(crate) slice: u64,
+    pub(crate) peers: u64,
+    pub(crate) warm: u64,
+    pub(crate) retry_us: u64,
+    pub(crate) fingerprint: u64,
 }
 
 impl CheckArgs {
+    /// With the global arguments of a check the region decides as global.
+    pub(crate) fn with_global(mut self, global: Option<GlobalArgs>) -> Self {
+        self.global = global;
+        self
+    }
+
     pub(crate) fn of(c: &Check<'_>, op: Op) -> Self {
         let (code, param) = algorithm(c.limit);
         // Every `hits` above the capacity is denied alike (with no retry
@@ -91,6 +126,7 @@ impl CheckArgs {
                 Op::Apply => u64::from(c.enforce),
                 Op::Refund(at) => at,
             },
+            global: None,
         }
     }
 }
@@ -124,6 +160,13 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
         cmd.arg(checks.len());
         for c in *checks {
             cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
+            match &c.global {
+                None => cmd.arg("").arg(""),
+                Some(g) => cmd.arg("g").arg(format!(
+                    "{} {} {} {} {} {} {}",
+                    g.slot_us, g.horizon, g.slice, g.peers, g.warm, g.retry_us, g.fingerprint
+                )),
+            };
         }
     }
     cmd

@@ -150,6 +150,8 @@ struct Inner {
     epoch: AtomicU64,
     /// Whether the background probe runs.
     probing: std::sync::atomic::AtomicBool,
+    /// When this store is a region's: how it decides `global` checks.
+    pub(crate) region: std::sync::OnceLock<crate::region::RegionCtx>,
 }
 
 enum Client {
@@ -217,6 +219,7 @@ impl RedisStore {
                 replaced: AtomicU64::new(0),
                 epoch: AtomicU64::new(0),
                 probing: std::sync::atomic::AtomicBool::new(false),
+                region: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -383,6 +386,31 @@ impl RedisStore {
         result
     }
 
+    /// One script command (`EVALSHA`, then `eval()` on `NOSCRIPT`) through
+    /// the breaker and the timeout, on the shared connection: a region's
+    /// merge, read and ack calls.
+    pub(crate) async fn script_call(
+        &self,
+        cmd: &redis::Cmd,
+        eval: &(dyn Fn() -> redis::Cmd + Sync),
+    ) -> Result<redis::Value, StoreError> {
+        self.call(cmd, Some(eval), true, None, &self.inner.conn)
+            .await
+            .map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+
+    /// How this store decides `global` checks, when it is a region's.
+    pub(crate) fn region_ctx(&self) -> Option<&crate::region::RegionCtx> {
+        self.inner.region.get()
+    }
+
+    /// Make this store a region's: `global` checks are decided over every
+    /// region's counts (see `floodgate_redis::region`). Once; later calls
+    /// change nothing.
+    pub fn set_region(&self, ctx: crate::region::RegionCtx) {
+        let _ = self.inner.region.set(ctx);
+    }
+
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
     pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
         self.call(cmd, None, true, None, &self.inner.conn).await.map_err(|e| e.store_error(self.inner.config.timeout))
@@ -456,7 +484,8 @@ impl RedisStore {
         now: Option<u64>,
         op: Op,
     ) -> Result<Reply, CallError> {
-        let args: Vec<CheckArgs> = checks.iter().map(|c| CheckArgs::of(c, op)).collect();
+        let args: Vec<CheckArgs> =
+            checks.iter().map(|c| CheckArgs::of(c, op).with_global(self.global_args(c))).collect();
         let values = self.run(&[(now, keys, &args)], op, true, None, &self.inner.conn).await?;
         if let Op::Refund(_) = op {
             return Ok(Reply {
@@ -483,7 +512,7 @@ impl RedisStore {
             return (keys, Err(CallError::Open));
         }
         let (tx, rx) = oneshot::channel();
-        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply)).collect();
+        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c))).collect();
         let deadline = tokio::time::Instant::now() + self.inner.config.timeout;
         self.enqueue(Queued { now, keys, args, deadline, reply: tx });
         match rx.await {

@@ -325,8 +325,9 @@ fn a_batch_reads_its_string_states_in_one_mget_and_writes_each_once() {
     let sha = server.cli(&["SCRIPT", "LOAD", floodgate_redis::script::SOURCE.as_str()]);
     let sha = sha.trim();
     let now = "1763000000000000";
-    let fw = ["fw", "10", "60000000", "0", "1", "1"];
-    let sl = ["sl", "10", "60000000", "0", "1", "1"];
+    // Algorithm, limit, window, parameter, hits, enforce; regional scope.
+    let fw = ["fw", "10", "60000000", "0", "1", "1", "", ""];
+    let sl = ["sl", "10", "60000000", "0", "1", "1", "", ""];
     let mut args = vec!["EVALSHA", sha, "5", "a", "b", "a", "c", "log", "apply"];
     for check in [&fw, &fw, &fw, &fw, &sl] {
         args.extend([now, "1"]);

@@ -1,0 +1,310 @@
+-- global.lua: a Redis region's `scope: global` limits (see the README's
+-- "Many regions"). Loaded after the algorithms, before entry.lua, which
+-- calls these for checks whose scope is global and for the ops `merge`,
+-- `read` and `ack`.
+--
+-- Keys, beside a check's state key S = <prefix>{tag}<rest>:<fingerprint>
+-- (this region's own counts, as for a regional check), all in S's hash
+-- slot. G = <prefix>{tag}<rest>:g is their base:
+--   G:m          a hash: the rule this region decides the key with (S
+--                state key, C algorithm code, L limit, W window, B burst or
+--                granularity, F fingerprint) and the key's shape (K kind
+--                1 window counts / 2 gcra, U slot length us, H horizon), and
+--                GCRA debt that came before the rule (p hits, ps since).
+--   G:<slot>     a hash per slot: c:<region>:<incarnation> = a peer's (or an
+--                earlier incarnation's) count, t = their sum; o = this
+--                region's own count (GCRA family only: the window
+--                algorithms' own counts are in S); a:<peer> = the largest own
+--                count that peer acknowledged (bounded rules). It expires
+--                when the slot no longer counts.
+
+-- The base G of a state key: the fingerprint suffix replaced by `g`.
+local function gbase(key)
+  return (string.gsub(key, ':%x%x%x%x%x%x%x%x$', ':g'))
+end
+
+local function gslot(g, slot)
+  return g .. ':' .. int(slot)
+end
+
+-- Keep G:<slot> until the slot stops counting: the end of slot + horizon.
+local function gslot_expire(g, slot, u, h, now)
+  local ttl = (slot + h) * u - now
+  expire(gslot(g, slot), math.max(ttl, u))
+end
+
+-- The peers' sum in each slot, read once per call per (G, slot).
+local tcache = {}
+local function remote_of(g)
+  return function(slot)
+    local f = gslot(g, slot)
+    local v = tcache[f]
+    if v == nil then
+      v = tonumber(redis.call('HGET', f, 't')) or 0
+      tcache[f] = v
+    end
+    return v
+  end
+end
+
+-- max(tat, at) + hits * window / limit, on the GCRA state key.
+local function gcra_debt(key, l, w, hits, at)
+  local s = numbers(key, 2)
+  local us, rem = 0, 0
+  if s then us, rem = s[1], s[2] end
+  if us < at then us, rem = at, 0 end
+  local ku, kr = muldivmod(hits, w, 0, l)
+  us, rem = tadd(us, rem, ku, kr, l)
+  local ttl = us - at
+  if rem > 0 then ttl = ttl + 1 end
+  put(key, ttl, us, rem)
+end
+
+-- This region's own counts per slot over the slots that count at `now`:
+-- {slot, count} pairs. Window algorithms: from the state key; the GCRA
+-- family: the `o` fields.
+local function own_slots(key, g, code, w, p, u, h, now)
+  local out = {}
+  if code == 'fw' then
+    local s = numbers(key, 2)
+    if s and s[2] > 0 then out[1] = { s[1], s[2] } end
+  elseif code == 'sw' then
+    local s = numbers(key, 3)
+    if s then
+      if s[2] > 0 then out[#out + 1] = { s[1] - 1, s[2] } end
+      if s[3] > 0 then out[#out + 1] = { s[1], s[3] } end
+    end
+  elseif code == 'sb' then
+    local last = tonumber(redis.call('HGET', key, 'l'))
+    if last then
+      local fields, ids = {}, {}
+      for id = math.max(last + 1 - p, 0), last do
+        fields[#fields + 1] = int(math.fmod(id, p))
+        ids[#ids + 1] = id
+      end
+      local raw = redis.call('HMGET', key, unpack(fields))
+      for i = 1, #ids do
+        local c = tonumber(raw[i]) or 0
+        if c > 0 then out[#out + 1] = { ids[i], c } end
+      end
+    end
+  else
+    local cur = divmod(now, u)
+    for slot = math.max(cur + 1 - h, 0), cur do
+      local c = tonumber(redis.call('HGET', gslot(g, slot), 'o')) or 0
+      if c > 0 then out[#out + 1] = { slot, c } end
+    end
+  end
+  return out
+end
+
+-- Record the rule on G:m (what a merge needs to pour GCRA debt, and the
+-- shape), and drain debt that came before it.
+local function gmeta(g, key, code, l, w, p, fp, u, h, now)
+  local m = g .. ':m'
+  local kind = 1
+  if code == 'gc' or code == 'sh' then kind = 2 end
+  redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
+    'K', kind, 'U', int(u), 'H', int(h))
+  if kind == 2 then
+    local pend = redis.call('HMGET', m, 'p', 'ps')
+    local hits, since = tonumber(pend[1]), tonumber(pend[2])
+    if hits and hits > 0 then
+      gcra_debt(key, l, w, hits, since or now)
+      redis.call('HDEL', m, 'p', 'ps')
+    end
+  end
+  expire(m, (h + 2) * u + w)
+end
+
+-- A global check, after its algorithm admitted `hits` (own state already
+-- updated): count GCRA hits per slot, then the caps (bounded slice, and
+-- the warming cap). Returns nil when within them, else the denial's
+-- remaining and retry (the hits given back).
+local function gcommit(key, g, code, l, w, p, hits, now, spec, alg, before)
+  local u, h, slice, peers, warm, retry_us = spec[1], spec[2], spec[3], spec[4], spec[5], spec[6]
+  local cur = divmod(now, u)
+  local gcra = code == 'gc' or code == 'sh'
+  if gcra then
+    redis.call('HINCRBY', gslot(g, cur), 'o', int(hits))
+    gslot_expire(g, cur, u, h, now)
+  end
+  if slice == 0 and warm == 0 then return nil end
+  local own, unacked = 0, 0
+  for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do
+    own = own + sc[2]
+    if slice > 0 then
+      local least = sc[2]
+      if peers > 0 then
+        local fields = {}
+        for i = 0, peers - 1 do fields[#fields + 1] = 'a:' .. i end
+        local acked = redis.call('HMGET', gslot(g, sc[1]), unpack(fields))
+        for i = 1, peers do least = math.min(least, tonumber(acked[i]) or 0) end
+      end
+      unacked = unacked + (sc[2] - least)
+    end
+  end
+  local left, whole = nil, 0
+  if slice > 0 then left, whole = slice - unacked, slice end
+  if warm > 0 then
+    local wl = warm - own
+    if left == nil or wl < left then left = wl end
+    if whole == 0 then whole = warm end
+  end
+  if left == nil or left >= 0 then return nil end
+  -- Over: undo (the state exactly as before: a GCRA refund would leave a
+  -- tat clamped up to now) and deny.
+  if gcra then
+    put(key, math.max(before[1] - now, 0), before[1], before[2])
+    redis.call('HINCRBY', gslot(g, cur), 'o', int(-hits))
+  else
+    alg.refund(key, l, w, p, hits, now, now)
+  end
+  local retry = -1
+  if hits <= whole then retry = retry_us end
+  return math.max(left + hits, 0), retry
+end
+
+-- Give back a global GCRA check's per-slot count (the request was denied
+-- elsewhere: all or nothing).
+local function grefund(key, code, hits, at, spec)
+  if code ~= 'gc' and code ~= 'sh' then return end
+  local slot = divmod(at, spec[1])
+  local f = gslot(gbase(key), slot)
+  local c = tonumber(redis.call('HGET', f, 'o')) or 0
+  if c > 0 then redis.call('HSET', f, 'o', int(math.max(c - hits, 0))) end
+end
+
+-- merge: peers' components into this region. KEYS: the items' bases G.
+-- ARGV after the op: now ('' for TIME), this region's name and
+-- incarnation, then per item: kind, slot us, horizon, fingerprint, n, and
+-- n x (region, incarnation, slot, count). Returns merged, unchanged,
+-- stale, mismatched.
+local function gmerge(now)
+  local me, my_inc = ARGV[3], ARGV[4]
+  local merged, unchanged, stale, mismatched = 0, 0, 0, 0
+  local a = 5
+  for i = 1, #KEYS do
+    local g = KEYS[i]
+    local kind, u, h, fp, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
+    a = a + 5
+    local m = g .. ':m'
+    local meta = redis.call('HMGET', m, 'K', 'U', 'H', 'F', 'S', 'L', 'W')
+    local skip = false
+    if meta[1] and (tonumber(meta[1]) ~= kind or tonumber(meta[2]) ~= u or tonumber(meta[3]) ~= h) then
+      -- Counts that mean something else here: not merged.
+      mismatched = mismatched + 1
+      skip = true
+    elseif meta[4] and fp ~= '0' and meta[4] ~= fp then
+      mismatched = mismatched + 1
+    end
+    if not meta[1] and not skip then
+      redis.call('HSET', m, 'K', kind, 'U', int(u), 'H', int(h))
+      expire(m, (h + 2) * u)
+    end
+    local cur = divmod(now, u)
+    for _ = 1, n do
+      local region, inc, slot, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 4
+      if skip then
+        -- not merged
+      elseif region == me and inc == my_inc then
+        unchanged = unchanged + 1
+      elseif slot + h <= cur then
+        stale = stale + 1
+      else
+        local f = gslot(g, slot)
+        local field = 'c:' .. region .. ':' .. inc
+        local old = tonumber(redis.call('HGET', f, field)) or 0
+        if count > old then
+          local delta = count - old
+          redis.call('HSET', f, field, int(count))
+          redis.call('HINCRBY', f, 't', int(delta))
+          gslot_expire(g, slot, u, h, now)
+          merged = merged + 1
+          if kind == 2 then
+            local at = math.min(now, (slot + 1) * u)
+            local key, l, w = meta[5], tonumber(meta[6]), tonumber(meta[7])
+            if key and l and w and l > 0 then
+              gcra_debt(key, l, w, delta, at)
+            else
+              redis.call('HINCRBY', m, 'p', int(delta))
+              local since = tonumber(redis.call('HGET', m, 'ps'))
+              if not since or at < since then redis.call('HSET', m, 'ps', int(at)) end
+            end
+          end
+        else
+          unchanged = unchanged + 1
+        end
+      end
+    end
+  end
+  return { merged, unchanged, stale, mismatched }
+end
+
+-- read: what this region holds for each key, to send to a peer. KEYS: the
+-- bases G. ARGV after the op: now, full (1: every component; 0: own
+-- counts only). Returns per key: fingerprint, kind, slot us, horizon
+-- (kind 0: nothing known), n, then n x (region, incarnation, slot, count);
+-- region '' is this region's current incarnation.
+local function gread(now)
+  local full = ARGV[3] == '1'
+  local out = {}
+  for i = 1, #KEYS do
+    local g = KEYS[i]
+    local meta = redis.call('HMGET', g .. ':m', 'F', 'K', 'U', 'H', 'S', 'C', 'W', 'B')
+    local kind, u, h = tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
+    if not kind or not u or not h then
+      out[#out + 1] = '0'; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
+    else
+      local comps = {}
+      if meta[5] then
+        for _, sc in ipairs(own_slots(meta[5], g, meta[6], tonumber(meta[7]), tonumber(meta[8]), u, h, now)) do
+          comps[#comps + 1] = { '', '', sc[1], sc[2] }
+        end
+      end
+      if full then
+        local cur = divmod(now, u)
+        for slot = math.max(cur + 1 - h, 0), cur do
+          local kv = redis.call('HGETALL', gslot(g, slot))
+          for j = 1, #kv, 2 do
+            local region, inc = string.match(kv[j], '^c:(.*):(%d+)$')
+            if region then comps[#comps + 1] = { region, inc, slot, tonumber(kv[j + 1]) } end
+          end
+        end
+      end
+      out[#out + 1] = meta[1] or '0'
+      out[#out + 1] = kind; out[#out + 1] = u; out[#out + 1] = h; out[#out + 1] = #comps
+      for _, c in ipairs(comps) do
+        out[#out + 1] = c[1]; out[#out + 1] = c[2]; out[#out + 1] = c[3]; out[#out + 1] = c[4]
+      end
+    end
+  end
+  return out
+end
+
+-- ack: a peer acknowledged own counts. KEYS: the bases G. ARGV after the
+-- op: now, the peer's index, then per key: n, n x (slot, count).
+local function gack(now)
+  local field = 'a:' .. ARGV[3]
+  local a = 4
+  for i = 1, #KEYS do
+    local n = tonumber(ARGV[a])
+    a = a + 1
+    local meta = redis.call('HMGET', KEYS[i] .. ':m', 'U', 'H')
+    local u, h = tonumber(meta[1]), tonumber(meta[2])
+    for _ = 1, n do
+      local slot, count = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      a = a + 2
+      if u and h then
+        local f = gslot(KEYS[i], slot)
+        local old = tonumber(redis.call('HGET', f, field)) or 0
+        if count > old then
+          redis.call('HSET', f, field, int(count))
+          gslot_expire(KEYS[i], slot, u, h, now)
+        end
+      end
+    end
+  end
+  return 1
+end

@@ -1,0 +1,242 @@
+//! A Redis region: every instance on one Redis is one region, and its
+//! `scope: global` limits are decided over every region's counts, in the
+//! same script call as the regional checks (see `scripts/global.lua`).
+//!
+//! This store holds the region's state; moving it between regions (queues,
+//! batches, acknowledgements) is the caller's: [`RedisStore::merge`] stores
+//! a peer's batch, [`RedisStore::read_global`] gives what to send,
+//! [`RedisStore::ack_global`] records what a peer acknowledged.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of, slice};
+use floodgate_core::{Check, StoreError};
+use redis::cluster_routing::Slot;
+
+use crate::script::{GlobalArgs, SHA, SOURCE, global_base};
+use crate::store::RedisStore;
+
+/// How a region's store decides `global` checks.
+#[derive(Debug, Clone)]
+pub struct RegionCtx {
+    /// The regions in all, this one included.
+    pub regions: usize,
+    /// Whether the region waits for a peer's full state (then it admits
+    /// only within its slice beyond what it knows).
+    pub warming: Arc<AtomicBool>,
+    /// The retry time of a request the slice denies, µs.
+    pub retry_us: u64,
+}
+
+/// What storing a peer's batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeStats {
+    /// Components that changed something.
+    pub merged: u64,
+    /// Components that changed nothing.
+    pub unchanged: u64,
+    /// Components too old to count.
+    pub stale: u64,
+    /// Keys whose limits differ from this region's.
+    pub mismatched: u64,
+}
+
+impl RedisStore {
+    /// The script's global arguments for a check, when this store is a
+    /// region's and the check is global.
+    pub(crate) fn global_args(&self, c: &Check<'_>) -> Option<GlobalArgs> {
+        let ctx = self.region_ctx()?;
+        let floodgate_core::region::Scope::Global(mode) = c.scope else { return None };
+        let shape = shape_of(c.limit)?;
+        let capacity = match shape {
+            Shape::Gcra { .. } => c.limit.burst(),
+            Shape::Windowed { .. } => c.limit.limit(),
+        };
+        let n = u64::try_from(ctx.regions.max(1)).unwrap_or(u64::MAX);
+        let bounded = match mode {
+            SyncMode::Bounded { overshoot_ppm } => slice(overshoot_ppm, capacity, ctx.regions).max(1),
+            SyncMode::Eventual => 0,
+        };
+        let warm = if ctx.warming.load(Ordering::Acquire) {
+            if bounded > 0 { bounded } else { (capacity / n).max(1) }
+        } else {
+            0
+        };
+        Some(GlobalArgs {
+            slot_us: shape.slot_us(),
+            horizon: shape.horizon(),
+            slice: bounded,
+            peers: n - 1,
+            warm,
+            retry_us: ctx.retry_us,
+            fingerprint: fingerprint(c.limit, mode),
+        })
+    }
+
+    /// The base key of a counter key's global state.
+    fn base(&self, key: &str) -> String {
+        global_base(&self.config().key_prefix, key)
+    }
+
+    /// Group `keys`' indices by hash slot (one group on one server).
+    fn by_slot(&self, bases: &[String]) -> Vec<Vec<usize>> {
+        if !matches!(self.config().target, crate::Target::Cluster(_)) {
+            return vec![(0..bases.len()).collect()];
+        }
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, b) in bases.iter().enumerate() {
+            let s = Slot::for_key(b);
+            match groups.iter_mut().find(|(x, _)| *x == s) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+
+    async fn op(&self, keys: &[&str], args: &[String]) -> Result<redis::Value, StoreError> {
+        let build = |eval: bool| {
+            let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
+            cmd.arg(if eval { SOURCE.as_str() } else { SHA.as_str() }).arg(keys.len());
+            for k in keys {
+                cmd.arg(*k);
+            }
+            for a in args {
+                cmd.arg(a.as_str());
+            }
+            cmd
+        };
+        let eval = || build(true);
+        self.script_call(&build(false), &eval).await
+    }
+
+    /// Store a peer's batch: each component merged by maximum (GCRA
+    /// debt poured into the bucket), this region's own current component
+    /// skipped. `now`: `None` for Redis `TIME`.
+    pub async fn merge(
+        &self,
+        batch: &Batch,
+        me: &str,
+        incarnation: u64,
+        now: Option<u64>,
+    ) -> Result<MergeStats, StoreError> {
+        let bases: Vec<String> = batch.items.iter().map(|i| self.base(&i.key)).collect();
+        let mut stats = MergeStats::default();
+        for group in self.by_slot(&bases) {
+            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
+            let mut args = vec![
+                "merge".to_owned(),
+                now.map_or_else(String::new, |n| n.to_string()),
+                me.to_owned(),
+                incarnation.to_string(),
+            ];
+            for &i in &group {
+                let item = &batch.items[i];
+                let (kind, u, h) = match item.shape {
+                    Shape::Windowed { slot_us, horizon } => (1, slot_us, u64::from(horizon)),
+                    Shape::Gcra { slot_us } => (2, slot_us, item.shape.horizon()),
+                };
+                args.extend([kind.to_string(), u.to_string(), h.to_string(), item.fingerprint.to_string()]);
+                args.push(item.components.len().to_string());
+                for c in &item.components {
+                    let region = batch.regions.get(c.region as usize).cloned().unwrap_or_default();
+                    args.extend([region, c.incarnation.to_string(), c.slot.to_string(), c.count.to_string()]);
+                }
+            }
+            let v: Vec<u64> = redis::FromRedisValue::from_redis_value(self.op(&keys, &args).await?)
+                .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
+            if let [m, u, s, x] = v[..] {
+                stats.merged += m;
+                stats.unchanged += u;
+                stats.stale += s;
+                stats.mismatched += x;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// What this region holds of `keys` (counter keys) to send a peer: its
+    /// own counts (component region 0, incarnation `incarnation`), and with
+    /// `full` every other component too, their regions numbered in
+    /// `regions` (extended as needed; index 0 is this region). `None` for a
+    /// key nothing is known of.
+    pub async fn read_global(
+        &self,
+        keys: &[String],
+        full: bool,
+        incarnation: u64,
+        regions: &mut Vec<String>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<Item>>, StoreError> {
+        let bases: Vec<String> = keys.iter().map(|k| self.base(k)).collect();
+        let mut out: Vec<Option<Item>> = vec![None; keys.len()];
+        for group in self.by_slot(&bases) {
+            let gk: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
+            let args = vec![
+                "read".to_owned(),
+                now.map_or_else(String::new, |n| n.to_string()),
+                if full { "1" } else { "0" }.to_owned(),
+            ];
+            let v: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(self.op(&gk, &args).await?)
+                .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
+            let text =
+                |x: &redis::Value| -> String { redis::FromRedisValue::from_redis_value(x.clone()).unwrap_or_default() };
+            let num = |x: &redis::Value| -> u64 { text(x).parse().unwrap_or(0) };
+            let mut at = 0;
+            for &i in &group {
+                let head =
+                    v.get(at..at + 5).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
+                let (fp, kind, u, h, n) = (num(&head[0]), num(&head[1]), num(&head[2]), num(&head[3]), num(&head[4]));
+                at += 5;
+                let mut components = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let c =
+                        v.get(at..at + 4).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
+                    at += 4;
+                    let region = text(&c[0]);
+                    let (region, inc) = if region.is_empty() {
+                        (0, incarnation)
+                    } else {
+                        let idx = regions.iter().position(|r| *r == region).unwrap_or_else(|| {
+                            regions.push(region.clone());
+                            regions.len() - 1
+                        });
+                        (u32::try_from(idx).unwrap_or(u32::MAX), num(&c[1]))
+                    };
+                    components.push(Component { region, incarnation: inc, slot: num(&c[2]), count: num(&c[3]) });
+                }
+                let shape = match kind {
+                    1 => Shape::Windowed { slot_us: u, horizon: u32::try_from(h).unwrap_or(1) },
+                    2 => Shape::Gcra { slot_us: u },
+                    _ => continue,
+                };
+                out[i] = Some(Item { key: keys[i].clone(), fingerprint: fp, shape, components });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Peer `peer` acknowledged own counts: `(counter key, [(slot, count)])`.
+    pub async fn ack_global(
+        &self,
+        peer: usize,
+        acked: &[(String, Vec<(u64, u64)>)],
+        now: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let bases: Vec<String> = acked.iter().map(|(k, _)| self.base(k)).collect();
+        for group in self.by_slot(&bases) {
+            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
+            let mut args = vec!["ack".to_owned(), now.map_or_else(String::new, |n| n.to_string()), peer.to_string()];
+            for &i in &group {
+                let slots = &acked[i].1;
+                args.push(slots.len().to_string());
+                for (s, c) in slots {
+                    args.extend([s.to_string(), c.to_string()]);
+                }
+            }
+            self.op(&keys, &args).await?;
+        }
+        Ok(())
+    }
+}

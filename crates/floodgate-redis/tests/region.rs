@@ -1,0 +1,176 @@
+//! A Redis region decides `scope: global` checks exactly as a memory-store
+//! region does: the same random operations — local decisions, peers'
+//! components merged (duplicated, older, newer), acknowledgements — on a
+//! Redis store made a region's and on a memory region's `GlobalTable` give
+//! the same decisions, for every algorithm family and both sync modes.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use floodgate_core::region::{
+    Batch, Component, GlobalTable, Item, RegionConfig, Scope, SyncMode, fingerprint, shape_of,
+};
+use floodgate_core::{Algorithm, Check, Limit};
+use floodgate_redis::testing::RedisServer;
+use floodgate_redis::{RedisConfig, RedisStore, RegionCtx};
+use proptest::prelude::*;
+
+const T0: u64 = 1_700_002_800_000_000;
+const INC_A: u64 = 11;
+
+fn store(url: &str) -> RedisStore {
+    let mut c = RedisConfig::new(url.parse().unwrap());
+    c.timeout = Duration::from_secs(2);
+    c.cache_denials = false;
+    let s = RedisStore::new(c).unwrap();
+    s.set_region(RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 });
+    s
+}
+
+/// Region a, with b and c's full state already in (not warming).
+fn table() -> GlobalTable {
+    let mut cfg = RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A);
+    cfg.retry_hint_us = 200_000;
+    let t = GlobalTable::new(cfg).unwrap();
+    for peer in ["b", "c"] {
+        let done = Batch { from: peer.into(), to_incarnation: INC_A, complete: true, ..Batch::default() };
+        t.receive(&done, T0);
+    }
+    assert!(!t.warming());
+    t
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Decide `hits` locally, `dt` µs after the previous op.
+    Decide { dt: u64, hits: u64 },
+    /// A peer's component for the current slot (or `back` slots before):
+    /// its count grows by `add` (0: a duplicate).
+    Remote { dt: u64, peer: u8, back: u64, add: u64 },
+    /// Both peers acknowledge everything own so far.
+    AckAll { dt: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..400_000u64, 0..4u64).prop_map(|(dt, hits)| Op::Decide { dt, hits }),
+        2 => (0..400_000u64, 0..2u8, 0..2u64, 0..6u64).prop_map(|(dt, peer, back, add)| Op::Remote { dt, peer, back, add }),
+        1 => (0..400_000u64).prop_map(|dt| Op::AckAll { dt }),
+    ]
+}
+
+fn limits() -> Vec<Limit> {
+    let s = Duration::from_secs(2);
+    vec![
+        Limit::new(Algorithm::FixedWindow, 30, s).unwrap(),
+        Limit::new(Algorithm::SlidingWindow, 30, s).unwrap(),
+        Limit::new(Algorithm::SlidingBuckets { granularity: 4 }, 30, s).unwrap(),
+        Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, s).unwrap(),
+    ]
+}
+
+fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limit, mode: SyncMode, ops: &[Op]) {
+    let t = table();
+    let shape = shape_of(limit).unwrap();
+    let mut now = T0 + 1_000;
+    // Each peer's component per slot (what it would send: its latest).
+    let mut remote: std::collections::HashMap<(u8, u64), u64> = Default::default();
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Decide { dt, hits } => {
+                now += dt;
+                let check = Check { key, limit, hits, enforce: true, scope: Scope::Global(mode) };
+                let mem = t.apply(key, limit, mode, hits, now).unwrap();
+                let mut out = Vec::new();
+                rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+                let red = out.pop().unwrap().unwrap();
+                assert_eq!(
+                    (red.allowed, red.remaining, red.retry_after, red.reset_after),
+                    (mem.allowed, mem.remaining, mem.retry_after, mem.reset_after),
+                    "op {i} {op:?} at {now}: redis {red:?}, memory {mem:?} ({:?} {mode:?})",
+                    limit.algorithm()
+                );
+            }
+            Op::Remote { dt, peer, back, add } => {
+                now += dt;
+                let slot = (now / shape.slot_us()).saturating_sub(back);
+                let count = remote.entry((peer, slot)).or_default();
+                *count += add;
+                if *count == 0 {
+                    continue;
+                }
+                let name = ["b", "c"][peer as usize];
+                let batch = Batch {
+                    from: name.into(),
+                    regions: vec![name.into()],
+                    from_incarnation: 20 + u64::from(peer),
+                    to_incarnation: INC_A,
+                    seq: i as u64,
+                    items: vec![Item {
+                        key: key.into(),
+                        fingerprint: fingerprint(limit, mode),
+                        shape,
+                        components: vec![Component {
+                            region: 0,
+                            incarnation: 20 + u64::from(peer),
+                            slot,
+                            count: *count,
+                        }],
+                    }],
+                    complete: false,
+                };
+                t.receive(&batch, now);
+                rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+            }
+            Op::AckAll { dt } => {
+                now += dt;
+                // Memory: a batch to each peer, acknowledged.
+                for p in 0..2 {
+                    while let Some(b) = t.next_batch(p, now) {
+                        let ack =
+                            floodgate_core::region::Ack { region: ["b", "c"][p].into(), incarnation: 30, seq: b.seq };
+                        t.on_ack(p, &ack, now);
+                        if b.items.is_empty() {
+                            break;
+                        }
+                    }
+                }
+                // Redis: read own counts, acknowledge them for both peers.
+                let mut regions = vec!["a".to_owned()];
+                let items =
+                    rt.block_on(redis.read_global(&[key.to_owned()], false, INC_A, &mut regions, Some(now))).unwrap();
+                if let Some(item) = &items[0] {
+                    let own: Vec<(u64, u64)> =
+                        item.components.iter().filter(|c| c.region == 0).map(|c| (c.slot, c.count)).collect();
+                    for p in 0..2 {
+                        rt.block_on(redis.ack_global(p, &[(key.to_owned(), own.clone())], Some(now))).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_redis_region_decides_as_a_memory_region() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&prop::collection::vec(op(), 1..60), |ops| {
+            let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for (li, limit) in limits().iter().enumerate() {
+                for (mi, mode) in
+                    [SyncMode::Eventual, SyncMode::Bounded { overshoot_ppm: 300_000 }].into_iter().enumerate()
+                {
+                    let key = format!("case{case}-{li}-{mi}");
+                    run(&redis, &rt, &key, limit, mode, &ops);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
