@@ -24,7 +24,7 @@ function ALG.fw.apply(key, l, w, _, hits, now)
     if hits > 0 or moved then put(key, until_end, id, count) end
     local reset = 0
     if seen > 0 then reset = until_end end
-    return true, l - seen, reset, -1, 0
+    return true, math.max(l - seen, 0), reset, -1, 0
   end
   local reset, retry = 0, -1
   if seen > 0 then reset = until_end end

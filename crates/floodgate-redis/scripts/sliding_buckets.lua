@@ -93,10 +93,10 @@ function ALG.sb.apply(key, l, w, g, hits, now)
       redis.call('HSET', key, 'l', int(bid), 's', int(own + hits))
       local ttl = gone_at(bid)
       expire(key, ttl)
-      return true, l - sum, ttl, -1, 0
+      return true, math.max(l - sum, 0), ttl, -1, 0
     end
     if sum == 0 then return true, l, 0, -1, 0 end
-    return true, l - sum, reset(sb_counts(key, g, oldest, bid), sum), -1, 0
+    return true, math.max(l - sum, 0), reset(sb_counts(key, g, oldest, bid), sum), -1, 0
   end
   local counts = sb_counts(key, g, oldest, bid)
   local retry = -1

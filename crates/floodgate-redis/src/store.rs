@@ -399,6 +399,12 @@ impl RedisStore {
             .map_err(|e| e.store_error(self.inner.config.timeout))
     }
 
+    /// One plain command through the breaker and the timeout (a region's
+    /// own bookkeeping: its incarnation, `SCAN`).
+    pub async fn raw(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        self.raw_call(cmd).await
+    }
+
     /// How this store decides `global` checks, when it is a region's.
     pub(crate) fn region_ctx(&self) -> Option<&crate::region::RegionCtx> {
         self.inner.region.get()

@@ -55,7 +55,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..400_000u64, 0..4u64).prop_map(|(dt, hits)| Op::Decide { dt, hits }),
-        2 => (0..400_000u64, 0..2u8, 0..2u64, 0..6u64).prop_map(|(dt, peer, back, add)| Op::Remote { dt, peer, back, add }),
+        2 => (0..400_000u64, 0..2u8, 0..2u64, 0..12u64).prop_map(|(dt, peer, back, add)| Op::Remote { dt, peer, back, add }),
         1 => (0..400_000u64).prop_map(|dt| Op::AckAll { dt }),
     ]
 }

@@ -30,7 +30,7 @@ use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::regions::{Regions, RegionsConfig, check_rules};
+use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
 use crate::runtime::state::{OverridesFile, open_overrides};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
@@ -166,11 +166,44 @@ async fn per_thread_grpc(
     .await
 }
 
+/// The sync service on `listener` and the links to every peer, for a
+/// region whose state is `region`.
+fn spawn_sync<R: floodgate_sync::Region + Clone>(
+    servers: &mut JoinSet<(&'static str, Result<(), String>)>,
+    region: R,
+    regions: &Regions,
+    listener: TcpListener,
+    stop: &watch::Receiver<bool>,
+) {
+    let server = SyncServer::new(region.clone(), regions.config.token.clone(), regions.stats.clone());
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let serving = tonic::transport::Server::builder()
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
+    servers.spawn(async move { ("sync", serving.await.map_err(|e| e.to_string())) });
+    let link = LinkConfig {
+        interval: regions.config.interval,
+        timeout: regions.config.timeout,
+        token: regions.config.token.clone(),
+    };
+    let links = run_links(region, regions.config.peers.clone(), link, regions.stats.clone(), stop.clone());
+    servers.spawn(async move { ("sync links", links.await.map_err(|e| e.to_string())) });
+}
+
 /// Loaded and validated, not yet bound.
 #[derive(Debug)]
 pub struct Prepared {
     config: Config,
     service: Arc<Service<ServerStore>>,
+}
+
+fn log_region(r: &RegionsConfig, kind: &str) {
+    tracing::info!(
+        region = %r.region,
+        state = kind,
+        peers = %r.peers.iter().map(|p| format!("{}={}", p.name, p.url)).collect::<Vec<_>>().join(","),
+        "this region shares its global limits with its peers"
+    );
 }
 
 fn memory(max_keys: usize) -> MemoryStore {
@@ -217,19 +250,27 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
         (None, None) => ServerStore::Memory(memory(config.max_keys)),
         (None, Some(r)) => {
             let regions = Regions::new(r.clone()).map_err(ServeError::Config)?;
-            tracing::info!(
-                region = %r.region,
-                peers = %r.peers.iter().map(|p| format!("{}={}", p.name, p.url)).collect::<Vec<_>>().join(","),
-                incarnation = %format!("{:016x}", regions.table.incarnation()),
-                "this region shares its global limits with its peers"
-            );
-            ServerStore::Regional(memory(config.max_keys), Arc::new(regions))
+            log_region(r, "memory");
+            let Some(table) = regions.table().cloned() else {
+                return Err(ServeError::Config("a memory region has a table".into()));
+            };
+            ServerStore::Regional(memory(config.max_keys), table, Arc::new(regions))
         }
-        (Some(redis), Some(_)) => {
-            return Err(ServeError::Config(format!(
-                "--region with --store {}: this version shares global limits between memory-store regions only; run each region's instance with the memory store, or leave out --region",
-                redis.target
-            )));
+        (Some(redis), Some(r)) => {
+            if matches!(redis.target, floodgate_redis::Target::Cluster(_)) {
+                return Err(ServeError::Config(format!(
+                    "--region with --store {}: a region on a Redis Cluster is not supported yet; use one Redis server (redis://) per region, or the memory store",
+                    redis.target
+                )));
+            }
+            let store = RedisStore::new(redis.clone())
+                .map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?;
+            let regions = Regions::redis(r.clone(), store.clone()).map_err(ServeError::Config)?;
+            log_region(r, "redis");
+            let RegionState::Redis(region) = regions.state.clone() else {
+                return Err(ServeError::Config("a Redis region has a Redis state".into()));
+            };
+            ServerStore::RedisRegional(store, region, Arc::new(regions))
         }
         (Some(redis), None) => ServerStore::Redis(
             RedisStore::new(redis.clone()).map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?,
@@ -370,29 +411,16 @@ impl Bound {
         }
         // With Redis, overrides are shared: keep this instance in step.
         let sharing = match (service.store(), service.overrides()) {
-            (ServerStore::Redis(redis), Some(o)) => Some(tokio::spawn(o.share(redis.shared_map("overrides")))),
+            (ServerStore::Redis(redis) | ServerStore::RedisRegional(redis, ..), Some(o)) => {
+                Some(tokio::spawn(o.share(redis.shared_map("overrides"))))
+            }
             _ => None,
         };
         if let (Some(listener), Some(regions)) = (sync, service.store().regions()) {
-            let server = SyncServer::new(regions.table.clone(), regions.config.token.clone(), regions.stats.clone());
-            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let serving = tonic::transport::Server::builder()
-                .add_service(server)
-                .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-            servers.spawn(async move { ("sync", serving.await.map_err(|e| e.to_string())) });
-            let link = LinkConfig {
-                interval: regions.config.interval,
-                timeout: regions.config.timeout,
-                token: regions.config.token.clone(),
-            };
-            let links = run_links(
-                regions.table.clone(),
-                regions.config.peers.clone(),
-                link,
-                regions.stats.clone(),
-                stop_rx.clone(),
-            );
-            servers.spawn(async move { ("sync links", links.await.map_err(|e| e.to_string())) });
+            match regions.state.clone() {
+                RegionState::Memory(t) => spawn_sync(&mut servers, t, regions, listener, &stop_rx),
+                RegionState::Redis(r) => spawn_sync(&mut servers, r, regions, listener, &stop_rx),
+            }
         }
         let sweeper = {
             let service = service.clone();

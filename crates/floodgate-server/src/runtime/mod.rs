@@ -2,6 +2,7 @@
 //! metrics, the instance's own files ([`state`]) and per-thread runtimes.
 
 pub mod metrics;
+pub mod redis_region;
 pub mod regions;
 pub mod state;
 pub mod store;

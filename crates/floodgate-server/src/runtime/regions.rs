@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use floodgate_core::region::{GlobalTable, RegionConfig, Scope, SyncMode, min_capacity, shape_of, slice};
+use floodgate_core::region::{GlobalTable, LinkStats, RegionConfig, Scope, SyncMode, min_capacity, shape_of, slice};
 use floodgate_core::rules::{ConfigError, Rule, RuleSet};
 use floodgate_core::{Algorithm, Clock, SystemClock};
+use floodgate_redis::RedisStore;
 use floodgate_sync::{Peer, SyncStats};
 use serde_json::{Value, json};
 
 use crate::runtime::metrics::gauge;
+use crate::runtime::redis_region::RedisRegion;
 
 /// How this instance takes part in many regions.
 #[derive(Debug, Clone)]
@@ -34,13 +36,47 @@ pub struct RegionsConfig {
     pub token: Option<String>,
 }
 
+/// Where a region's global state is.
+#[derive(Debug, Clone)]
+pub enum RegionState {
+    /// In this process: a memory-store region (one instance).
+    Memory(Arc<GlobalTable>),
+    /// In the region's Redis: every instance on it.
+    Redis(Arc<RedisRegion>),
+}
+
+impl RegionState {
+    fn link_stats(&self, p: usize) -> LinkStats {
+        match self {
+            Self::Memory(t) => t.link_stats(p),
+            Self::Redis(r) => r.link_stats(p),
+        }
+    }
+
+    /// Whether the region waits for a peer's full state.
+    pub fn warming(&self) -> bool {
+        match self {
+            Self::Memory(t) => t.warming(),
+            Self::Redis(r) => r.warming(),
+        }
+    }
+
+    /// The region's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        match self {
+            Self::Memory(t) => t.incarnation(),
+            Self::Redis(r) => r.incarnation(),
+        }
+    }
+}
+
 /// This instance's region, running.
 #[derive(Debug)]
 pub struct Regions {
     /// The settings.
     pub config: RegionsConfig,
     /// The global limits' state.
-    pub table: Arc<GlobalTable>,
+    pub state: RegionState,
     /// The transport's counters.
     pub stats: Arc<SyncStats>,
 }
@@ -69,7 +105,25 @@ impl Regions {
         };
         floodgate_sync::check_peers(&config.peers, &link).map_err(|e| format!("--peers: {e}"))?;
         let stats = Arc::new(SyncStats::new(config.peers.len()));
-        Ok(Self { config, table: Arc::new(table), stats })
+        Ok(Self { config, state: RegionState::Memory(Arc::new(table)), stats })
+    }
+
+    /// A Redis region over `store` (every instance on it is the region).
+    pub fn redis(config: RegionsConfig, store: RedisStore) -> Result<Self, String> {
+        Self::new(config.clone())?;
+        let names: Vec<String> = config.peers.iter().map(|p| p.name.clone()).collect();
+        let interval = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
+        let region = RedisRegion::new(config.region.clone(), names, store, interval, 2 * interval);
+        let stats = Arc::new(SyncStats::new(config.peers.len()));
+        Ok(Self { config, state: RegionState::Redis(Arc::new(region)), stats })
+    }
+
+    /// The memory-store region's table, if that is what this is.
+    pub fn table(&self) -> Option<&Arc<GlobalTable>> {
+        match &self.state {
+            RegionState::Memory(t) => Some(t),
+            RegionState::Redis(_) => None,
+        }
     }
 
     /// The regions in all, this one included.
@@ -79,14 +133,14 @@ impl Regions {
 
     /// Metrics of the sync, in Prometheus text.
     pub fn render_metrics(&self, out: &mut String) {
-        let t = self.table.stats();
+        let t = self.table().map(|t| t.stats()).unwrap_or_default();
         let now = SystemClock::new().now_us();
         gauge(
             out,
             "floodgate_sync_warming",
             "gauge",
             "1 while this region waits for a peer's full state (it admits only within its slice of global limits).",
-            u8::from(self.table.warming()),
+            u8::from(self.state.warming()),
         );
         gauge(out, "floodgate_sync_keys", "gauge", "Keys of global limits held.", t.keys);
         gauge(
@@ -168,7 +222,7 @@ impl Regions {
             ("floodgate_sync_up", "gauge", "1 when the last call to the peer succeeded.", vec![]),
         ];
         for (p, peer) in self.config.peers.iter().enumerate() {
-            let l = self.table.link_stats(p);
+            let l = self.state.link_stats(p);
             let c = self.stats.peer(p);
             let lag = if l.last_ack_us == 0 { u64::MAX } else { now.saturating_sub(l.last_ack_us) / 1_000 };
             let values = [
@@ -197,7 +251,7 @@ impl Regions {
             }
         }
         out.push_str("# HELP floodgate_sync_slice_unacked_ratio The largest share of a bounded limit's slice in use (unacknowledged by some peer), per limit.\n# TYPE floodgate_sync_slice_unacked_ratio gauge\n");
-        for (fp, (used, slice)) in self.table.slice_use() {
+        for (fp, (used, slice)) in self.table().map(|t| t.slice_use()).unwrap_or_default() {
             let ratio = if slice == 0 { 1.0 } else { used as f64 / slice as f64 };
             out.push_str(&format!("floodgate_sync_slice_unacked_ratio{{limit=\"{fp:016x}\"}} {ratio}\n"));
         }
@@ -212,7 +266,7 @@ impl Regions {
             .iter()
             .enumerate()
             .map(|(p, peer)| {
-                let l = self.table.link_stats(p);
+                let l = self.state.link_stats(p);
                 let c = self.stats.peer(p);
                 json!({
                     "region": peer.name,
@@ -229,8 +283,9 @@ impl Regions {
         let down = peers.iter().filter(|p| p["reachable"] != json!(true)).count();
         json!({
             "region": self.config.region,
-            "incarnation": format!("{:016x}", self.table.incarnation()),
-            "warming": self.table.warming(),
+            "incarnation": format!("{:016x}", self.state.incarnation()),
+            "warming": self.state.warming(),
+            "state": match self.state { RegionState::Memory(_) => "memory", RegionState::Redis(_) => "redis" },
             "peers": peers,
             "note": if down > 0 {
                 format!("{down} peer region(s) unreachable: decisions go on with what this region knows (eventual limits may over-admit by what they miss; bounded ones admit at most their slice beyond it)")

@@ -10,7 +10,9 @@ use floodgate_redis::RedisStore;
 
 use crate::Backend;
 use crate::runtime::metrics::gauge;
+use crate::runtime::redis_region::RedisRegion;
 use crate::runtime::regions::Regions;
+use floodgate_core::region::{GlobalTable, Scope};
 
 /// The in-memory store, a memory-store region, or the Redis store.
 #[derive(Debug)]
@@ -19,16 +21,19 @@ pub enum ServerStore {
     Memory(MemoryStore),
     /// This process's memory as one region of several: `global` limits go
     /// through the region's table, the others through the memory store.
-    Regional(MemoryStore, Arc<Regions>),
+    Regional(MemoryStore, Arc<GlobalTable>, Arc<Regions>),
     /// Redis or Redis Cluster, shared by every instance.
     Redis(RedisStore),
+    /// One Redis server as one region of several: every check in the one
+    /// script call, `global` ones over every region's counts.
+    RedisRegional(RedisStore, Arc<RedisRegion>, Arc<Regions>),
 }
 
 impl ServerStore {
     /// The region this store is part of, if any.
     pub fn regions(&self) -> Option<&Arc<Regions>> {
         match self {
-            Self::Regional(_, r) => Some(r),
+            Self::Regional(_, _, r) | Self::RedisRegional(_, _, r) => Some(r),
             _ => None,
         }
     }
@@ -37,48 +42,59 @@ impl ServerStore {
 impl Store for ServerStore {
     async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
         match self {
-            Self::Memory(s) | Self::Regional(s, _) => s.apply_sync(key, limit, hits),
-            Self::Redis(s) => s.apply(key, limit, hits).await,
+            Self::Memory(s) | Self::Regional(s, ..) => s.apply_sync(key, limit, hits),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.apply(key, limit, hits).await,
         }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         match self {
             Self::Memory(_) | Self::Regional(..) => Ok(()),
-            Self::Redis(s) => s.ping().await,
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.ping().await,
         }
     }
 
     async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
         match self {
             Self::Memory(s) => s.apply_all(checks, out).await,
-            Self::Regional(s, r) => r.table.apply_all_with(s, checks, s.clock().now_us(), out),
+            Self::Regional(s, t, _) => t.apply_all_with(s, checks, s.clock().now_us(), out),
             Self::Redis(s) => s.apply_all(checks, out).await,
+            Self::RedisRegional(s, region, _) => {
+                s.apply_all(checks, out).await;
+                for (c, r) in checks.iter().zip(out.iter()) {
+                    if let (Scope::Global(mode), Ok(d)) = (c.scope, r)
+                        && d.allowed
+                        && c.hits > 0
+                    {
+                        region.touched(c.key, mode, c.hits, d.remaining);
+                    }
+                }
+            }
         }
     }
 
     fn answers_now(&self) -> bool {
         match self {
-            Self::Memory(s) | Self::Regional(s, _) => s.answers_now(),
-            Self::Redis(s) => s.answers_now(),
+            Self::Memory(s) | Self::Regional(s, ..) => s.answers_now(),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.answers_now(),
         }
     }
 
     fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
         match self {
-            Self::Memory(s) | Self::Regional(s, _) => s.apply_now(key, limit, hits),
-            Self::Redis(s) => s.apply_now(key, limit, hits),
+            Self::Memory(s) | Self::Regional(s, ..) => s.apply_now(key, limit, hits),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.apply_now(key, limit, hits),
         }
     }
 
     fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
         match self {
             Self::Memory(s) => s.apply_all_now(checks, out),
-            Self::Regional(s, r) => {
-                r.table.apply_all_with(s, checks, s.clock().now_us(), out);
+            Self::Regional(s, t, _) => {
+                t.apply_all_with(s, checks, s.clock().now_us(), out);
                 true
             }
-            Self::Redis(s) => s.apply_all_now(checks, out),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.apply_all_now(checks, out),
         }
     }
 }
@@ -87,11 +103,14 @@ impl Backend for ServerStore {
     fn render_metrics(&self, out: &mut String) {
         match self {
             Self::Memory(s) => s.render_metrics(out),
-            Self::Regional(s, r) => {
+            Self::Regional(s, _, r) => {
                 s.render_metrics(out);
                 r.render_metrics(out);
             }
-            Self::Redis(s) => {
+            Self::Redis(s) | Self::RedisRegional(s, ..) => {
+                if let Self::RedisRegional(_, _, r) = self {
+                    r.render_metrics(out);
+                }
                 let st = s.stats();
                 gauge(out, "floodgate_redis_calls_total", "counter", "Script calls made to Redis.", st.calls);
                 gauge(
@@ -168,11 +187,11 @@ impl Backend for ServerStore {
             Self::Memory(s) => {
                 s.sweep();
             }
-            Self::Regional(s, r) => {
+            Self::Regional(s, t, _) => {
                 s.sweep();
-                r.table.sweep(s.clock().now_us());
+                t.sweep(s.clock().now_us());
             }
-            Self::Redis(_) => {}
+            Self::Redis(_) | Self::RedisRegional(..) => {}
         }
     }
 }

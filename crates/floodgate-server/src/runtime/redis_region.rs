@@ -1,0 +1,530 @@
+//! A Redis region: every instance on one Redis (one server) is one region.
+//! The global limits' state is in Redis ([`floodgate_redis::region`]:
+//! decisions, merges, reads, acknowledgements, all in the one script); this
+//! is each instance's side of the sync: the keys it touched, queued per
+//! peer, batches read back from Redis, acknowledgements written to it. Every
+//! instance of the region pushes what it touched and receives what peers
+//! send (any instance may take a peer's batch: all write the same Redis), so
+//! a key several instances touched goes out several times; the maximum at
+//! the receiver makes that harmless.
+//!
+//! The region's incarnation and the peers' `complete` flags live in Redis
+//! (`<prefix>region:<name>`): a Redis that restarts empty is a new
+//! incarnation, seen by every instance within a sync interval.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use floodgate_core::region::{Ack, Batch, LinkStats, Receipt, SyncMode};
+use floodgate_core::{Clock, SystemClock};
+use floodgate_redis::{RedisStore, RegionCtx};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Keys per batch.
+const BATCH_ITEMS: usize = 500;
+/// Batches awaiting acknowledgement per peer.
+const MAX_IN_FLIGHT: usize = 8;
+/// Keys queued per peer at most (then dropped, counted, and healed by a
+/// full state transfer).
+const MAX_QUEUE: usize = 1 << 20;
+
+struct InFlight {
+    seq: u64,
+    sent_us: u64,
+    /// The keys sent, each with whether its rule is bounded.
+    keys: Vec<(String, bool)>,
+    acked: Vec<(String, Vec<(u64, u64)>)>,
+    full: bool,
+    complete: bool,
+}
+
+struct Full {
+    keys: VecDeque<String>,
+    for_incarnation: u64,
+    complete_sent: bool,
+}
+
+#[derive(Default)]
+struct Link {
+    queue: VecDeque<String>,
+    /// The keys in `queue`, each with whether its rule is bounded (its
+    /// acknowledgements matter).
+    queued: HashMap<String, bool>,
+    overflowed: bool,
+    full: Option<Full>,
+    known_incarnation: Option<u64>,
+    in_flight: Vec<InFlight>,
+    last_sent_us: u64,
+    sender_incarnation: Option<u64>,
+    failing: bool,
+    stats: LinkStats,
+}
+
+/// An instance's side of a Redis region's sync.
+pub struct RedisRegion {
+    name: String,
+    peers: Vec<String>,
+    store: RedisStore,
+    /// The region's incarnation, from Redis (0 until read).
+    incarnation: AtomicU64,
+    warming: Arc<AtomicBool>,
+    /// Per peer: whether its full state for this incarnation is in Redis.
+    complete: Box<[AtomicBool]>,
+    links: Box<[Mutex<Link>]>,
+    seq: AtomicU64,
+    /// Per key of an eventual limit waiting in `lazy`: own hits not yet
+    /// queued.
+    pending: Mutex<HashMap<String, u64>>,
+    /// Keys waiting to be queued, oldest first, with when they began to.
+    lazy: Mutex<VecDeque<(u64, String)>>,
+    failing_links: AtomicU64,
+    interval_us: u64,
+    lazy_us: u64,
+    ack_timeout_us: u64,
+    last_state_us: AtomicU64,
+    clock: SystemClock,
+}
+
+impl std::fmt::Debug for RedisRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRegion").field("name", &self.name).field("peers", &self.peers).finish_non_exhaustive()
+    }
+}
+
+impl RedisRegion {
+    /// This instance's side of region `name` with `peers`, over `store`
+    /// (made a region's store here).
+    pub fn new(name: String, peers: Vec<String>, store: RedisStore, interval_us: u64, retry_us: u64) -> Self {
+        let warming = Arc::new(AtomicBool::new(!peers.is_empty()));
+        store.set_region(RegionCtx { regions: peers.len() + 1, warming: warming.clone(), retry_us });
+        Self {
+            links: peers.iter().map(|_| Mutex::new(Link::default())).collect(),
+            complete: peers.iter().map(|_| AtomicBool::new(false)).collect(),
+            name,
+            peers,
+            store,
+            incarnation: AtomicU64::new(0),
+            warming,
+            seq: AtomicU64::new(0),
+            pending: Mutex::new(HashMap::new()),
+            lazy: Mutex::new(VecDeque::new()),
+            failing_links: AtomicU64::new(0),
+            interval_us,
+            lazy_us: 10 * interval_us,
+            ack_timeout_us: 2_000_000,
+            last_state_us: AtomicU64::new(0),
+            clock: SystemClock::new(),
+        }
+    }
+
+    fn state_key(&self) -> String {
+        format!("{}region:{}", self.store.config().key_prefix, self.name)
+    }
+
+    /// Read (or make) the region's incarnation and the peers' `complete`
+    /// flags from Redis; at most once per interval.
+    async fn refresh(&self, now: u64) {
+        let last = self.last_state_us.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.interval_us {
+            return;
+        }
+        self.last_state_us.store(now, Ordering::Relaxed);
+        let fresh = now ^ std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), now) | 1;
+        let key = self.state_key();
+        let mut set = redis::cmd("HSETNX");
+        set.arg(&key).arg("inc").arg(fresh.to_string());
+        if self.store.raw(&set).await.is_err() {
+            return;
+        }
+        let mut get = redis::cmd("HGETALL");
+        get.arg(&key);
+        let Ok(v) = self.store.raw(&get).await else { return };
+        let map: HashMap<String, String> = redis::FromRedisValue::from_redis_value(v).unwrap_or_default();
+        let inc: u64 = map.get("inc").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let old = self.incarnation.swap(inc, Ordering::AcqRel);
+        if old != 0 && old != inc {
+            tracing::warn!(region = %self.name, "Redis lost the region's state (a new incarnation): waiting for every peer's full state");
+        }
+        let mut warming = false;
+        for (p, done) in self.peers.iter().zip(self.complete.iter()) {
+            let c = map.get(&format!("c:{p}")).and_then(|v| v.parse::<u64>().ok()) == Some(inc);
+            done.store(c, Ordering::Release);
+            warming |= !c;
+        }
+        self.warming.store(warming, Ordering::Release);
+    }
+
+    /// After a global decision admitted `hits` of `key` (`remaining` left,
+    /// as this region sees it): queue it for the peers now, or within the
+    /// lazy period when those hits cannot matter before (see
+    /// `floodgate_core::region`).
+    pub fn touched(&self, key: &str, mode: SyncMode, hits: u64, remaining: u64) {
+        let bounded = matches!(mode, SyncMode::Bounded { .. });
+        let regions = u128::from(self.peers.len() as u64 + 1);
+        if bounded || self.warming.load(Ordering::Acquire) || self.failing_links.load(Ordering::Acquire) > 0 {
+            lock(&self.pending).remove(key);
+            self.queue(key, bounded);
+            return;
+        }
+        let mut pending = lock(&self.pending);
+        let (unsent, new) = match pending.get_mut(key) {
+            Some(e) => {
+                *e = e.saturating_add(hits);
+                (*e, false)
+            }
+            None => {
+                pending.insert(key.to_owned(), hits);
+                (hits, true)
+            }
+        };
+        if u128::from(unsent) * 2 * regions >= u128::from(remaining) {
+            pending.remove(key);
+            drop(pending);
+            self.queue(key, false);
+        } else if new {
+            drop(pending);
+            lock(&self.lazy).push_back((self.clock.now_us(), key.to_owned()));
+        }
+    }
+
+    fn queue(&self, key: &str, bounded: bool) {
+        for link in self.links.iter() {
+            let mut l = lock(link);
+            if let Some(b) = l.queued.get_mut(key) {
+                *b |= bounded;
+                continue;
+            }
+            if l.queue.len() >= MAX_QUEUE {
+                l.stats.dropped += 1;
+                l.overflowed = true;
+                continue;
+            }
+            l.queued.insert(key.to_owned(), bounded);
+            l.queue.push_back(key.to_owned());
+        }
+    }
+
+    fn flush_lazy(&self, now: u64) {
+        let due: Vec<String> = {
+            let mut lazy = lock(&self.lazy);
+            let mut due = Vec::new();
+            while lazy.front().is_some_and(|(since, _)| since.saturating_add(self.lazy_us) <= now) {
+                if let Some((_, k)) = lazy.pop_front() {
+                    due.push(k);
+                }
+            }
+            due
+        };
+        for k in due {
+            // Gone when an urgent touch has queued it since.
+            if lock(&self.pending).remove(&k).is_some() {
+                self.queue(&k, false);
+            }
+        }
+    }
+
+    /// Every key of the region's global limits in Redis (for a full state
+    /// transfer): `SCAN` for their `:g:m` keys (one Redis server).
+    async fn all_keys(&self) -> Vec<String> {
+        let prefix = &self.store.config().key_prefix;
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(&cursor).arg("MATCH").arg(format!("{prefix}*:g:m")).arg("COUNT").arg(1000);
+            let Ok(v) = self.store.raw(&scan).await else { break };
+            let Ok((next, found)): Result<(String, Vec<String>), _> = redis::FromRedisValue::from_redis_value(v) else {
+                break;
+            };
+            for k in found {
+                // <prefix>{tag}rest:g:m -> tag + rest
+                if let Some(body) = k.strip_prefix(prefix.as_str()).and_then(|b| b.strip_suffix(":g:m"))
+                    && let Some(open) = body.strip_prefix('{')
+                    && let Some(close) = open.find('}')
+                {
+                    keys.push(format!("{}{}", &open[..close], &open[close + 1..]));
+                }
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        keys
+    }
+
+    fn start_full(&self, p: usize, incarnation: u64, keys: Vec<String>) {
+        let mut l = lock(&self.links[p]);
+        l.stats.full_syncs += 1;
+        l.full = Some(Full { keys: keys.into(), for_incarnation: incarnation, complete_sent: false });
+    }
+
+    fn link_failing(&self, started: bool) {
+        if started {
+            self.failing_links.fetch_add(1, Ordering::AcqRel);
+            self.flush_lazy(u64::MAX);
+        } else {
+            self.failing_links.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn requeue(&self, p: usize, f: InFlight) {
+        let mut l = lock(&self.links[p]);
+        if f.complete {
+            if let Some(full) = &mut l.full {
+                full.complete_sent = false;
+            }
+            return;
+        }
+        if f.full {
+            if let Some(full) = &mut l.full {
+                for (k, _) in f.keys.into_iter().rev() {
+                    full.keys.push_front(k);
+                }
+            }
+            return;
+        }
+        for (k, bounded) in f.keys {
+            match l.queued.get_mut(&k) {
+                Some(b) => *b |= bounded,
+                None => {
+                    l.queued.insert(k.clone(), bounded);
+                    l.queue.push_back(k);
+                }
+            }
+        }
+    }
+
+    /// The counters of the link to peer `p`.
+    pub fn link_stats(&self, p: usize) -> LinkStats {
+        let l = lock(&self.links[p]);
+        let mut s = l.stats;
+        s.queued = l.queue.len() as u64 + l.full.as_ref().map_or(0, |f| f.keys.len() as u64);
+        s.in_flight = l.in_flight.len() as u64;
+        s.incarnation = l.known_incarnation.unwrap_or(0);
+        s.complete = self.complete[p].load(Ordering::Acquire);
+        s
+    }
+
+    /// Whether the region waits for a peer's full state.
+    pub fn warming(&self) -> bool {
+        self.warming.load(Ordering::Acquire)
+    }
+
+    /// The region's incarnation (0 until read from Redis).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    /// The peers, in link order.
+    pub fn peer_names(&self) -> &[String] {
+        &self.peers
+    }
+}
+
+impl floodgate_sync::Region for RedisRegion {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn peers(&self) -> &[String] {
+        &self.peers
+    }
+
+    async fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
+        self.refresh(now).await;
+        self.flush_lazy(now);
+        let incarnation = self.incarnation();
+        if incarnation == 0 {
+            return None;
+        }
+        // Expired batches go out again.
+        let (expired, started) = {
+            let mut l = lock(&self.links[p]);
+            let srtt = if l.stats.srtt_us == 0 { self.ack_timeout_us } else { l.stats.srtt_us };
+            let timeout = (self.interval_us + 2 * srtt).min(self.ack_timeout_us);
+            let (gone, kept): (Vec<InFlight>, Vec<InFlight>) =
+                std::mem::take(&mut l.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
+            l.in_flight = kept;
+            l.stats.failures += gone.len() as u64;
+            let started = !gone.is_empty() && !l.failing;
+            l.failing |= !gone.is_empty();
+            (gone, started)
+        };
+        if started {
+            self.link_failing(true);
+        }
+        for f in expired {
+            self.requeue(p, f);
+        }
+        let overflowed = std::mem::take(&mut lock(&self.links[p]).overflowed);
+        if overflowed {
+            let inc = lock(&self.links[p]).known_incarnation.unwrap_or(0);
+            let keys = self.all_keys().await;
+            self.start_full(p, inc, keys);
+        }
+        let (keys, full, complete, to_incarnation) = {
+            let mut l = lock(&self.links[p]);
+            if l.in_flight.len() >= MAX_IN_FLIGHT {
+                return None;
+            }
+            let full_in_flight = l.in_flight.iter().any(|f| f.full || f.complete);
+            let mut keys = Vec::new();
+            let mut full = false;
+            let mut complete = false;
+            if let Some(f) = &mut l.full {
+                while keys.len() < BATCH_ITEMS {
+                    match f.keys.pop_front() {
+                        Some(k) => keys.push((k, false)),
+                        None => break,
+                    }
+                }
+                full = !keys.is_empty();
+                if keys.is_empty() && !full_in_flight && !f.complete_sent {
+                    f.complete_sent = true;
+                    complete = true;
+                }
+            }
+            if !full {
+                while keys.len() < BATCH_ITEMS {
+                    match l.queue.pop_front() {
+                        Some(k) => {
+                            let bounded = l.queued.remove(&k).unwrap_or(false);
+                            keys.push((k, bounded));
+                        }
+                        None => break,
+                    }
+                }
+            }
+            let first_contact = l.known_incarnation.is_none() && l.in_flight.is_empty();
+            let heartbeat = now.saturating_sub(l.last_sent_us) >= 1_000_000;
+            if keys.is_empty() && !complete && !first_contact && !heartbeat {
+                return None;
+            }
+            l.last_sent_us = now;
+            (keys, full, complete, l.known_incarnation.unwrap_or(0))
+        };
+        let mut regions = vec![self.name.clone()];
+        let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
+        let items = match self.store.read_global(&names, full, incarnation, &mut regions, None).await {
+            Ok(items) => items,
+            Err(_) => {
+                // Redis failing: the keys go out again later.
+                let f = InFlight { seq: 0, sent_us: now, keys, acked: Vec::new(), full, complete };
+                self.requeue(p, f);
+                return None;
+            }
+        };
+        let bounded: HashSet<&str> = keys.iter().filter(|(_, b)| *b).map(|(k, _)| k.as_str()).collect();
+        let items: Vec<_> = items.into_iter().flatten().collect();
+        // What a bounded key's acknowledgement will confirm: this region's
+        // own counts as sent.
+        let acked: Vec<(String, Vec<(u64, u64)>)> = items
+            .iter()
+            .filter(|item| bounded.contains(item.key.as_str()))
+            .map(|item| {
+                let own = item.components.iter().filter(|c| c.region == 0).map(|c| (c.slot, c.count)).collect();
+                (item.key.clone(), own)
+            })
+            .collect();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut l = lock(&self.links[p]);
+        l.stats.batches_sent += 1;
+        l.stats.items_sent += items.len() as u64;
+        l.in_flight.push(InFlight { seq, sent_us: now, keys, acked, full, complete });
+        Some(Batch {
+            from: self.name.clone(),
+            regions,
+            from_incarnation: incarnation,
+            to_incarnation,
+            seq,
+            items,
+            complete,
+        })
+    }
+
+    async fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
+        let (done, restart, recovered) = {
+            let mut l = lock(&self.links[p]);
+            l.stats.last_ack_us = now;
+            let recovered = std::mem::take(&mut l.failing);
+            let restart = l.known_incarnation != Some(ack.incarnation);
+            l.known_incarnation = Some(ack.incarnation);
+            let done = l.in_flight.iter().position(|f| f.seq == ack.seq).map(|i| {
+                let f = l.in_flight.swap_remove(i);
+                l.stats.acks += 1;
+                let rtt = now.saturating_sub(f.sent_us);
+                l.stats.rtt_us = rtt;
+                l.stats.srtt_us = if l.stats.srtt_us == 0 { rtt } else { (7 * l.stats.srtt_us + rtt) / 8 };
+                if f.complete && l.full.as_ref().is_some_and(|full| full.for_incarnation == ack.incarnation) {
+                    l.full = None;
+                }
+                f
+            });
+            (done, restart, recovered)
+        };
+        if recovered {
+            self.link_failing(false);
+        }
+        if let Some(f) = done
+            && !f.acked.is_empty()
+        {
+            let _ = self.store.ack_global(p, &f.acked, None).await;
+        }
+        if restart {
+            let keys = self.all_keys().await;
+            self.start_full(p, ack.incarnation, keys);
+        }
+    }
+
+    fn on_failure(&self, p: usize, seq: u64) {
+        let f = {
+            let mut l = lock(&self.links[p]);
+            let Some(i) = l.in_flight.iter().position(|f| f.seq == seq) else { return };
+            l.stats.failures += 1;
+            let started = !std::mem::replace(&mut l.failing, true);
+            (l.in_flight.swap_remove(i), started)
+        };
+        if f.1 {
+            self.link_failing(true);
+        }
+        self.requeue(p, f.0);
+    }
+
+    async fn receive(&self, batch: Batch, now: u64) -> Result<Receipt, String> {
+        self.refresh(now).await;
+        let incarnation = self.incarnation();
+        if incarnation == 0 {
+            return Err("this region's Redis is not answering".into());
+        }
+        let stats = self.store.merge(&batch, &self.name, incarnation, None).await.map_err(|e| e.to_string())?;
+        let mut receipt =
+            Receipt { ack: Ack { region: self.name.clone(), incarnation, seq: batch.seq }, ..Receipt::default() };
+        match self.peers.iter().position(|p| *p == batch.from) {
+            Some(p) => {
+                let mut l = lock(&self.links[p]);
+                receipt.sender_restarted = l.sender_incarnation.is_some_and(|i| i != batch.from_incarnation);
+                l.sender_incarnation = Some(batch.from_incarnation);
+                l.stats.batches_received += 1;
+                l.stats.items_received += batch.items.len() as u64;
+                l.stats.last_received_us = now;
+            }
+            None => receipt.unknown_sender = true,
+        }
+        if stats.mismatched > 0 {
+            receipt.mismatch = batch.items.first().map(|i| (i.key.clone(), stats.mismatched));
+        }
+        if batch.complete && batch.to_incarnation == incarnation {
+            // Region-wide: every instance reads it back on its next refresh.
+            let mut set = redis::cmd("HSET");
+            set.arg(self.state_key()).arg(format!("c:{}", batch.from)).arg(incarnation.to_string());
+            self.store.raw(&set).await.map_err(|e| e.to_string())?;
+            self.last_state_us.store(0, Ordering::Relaxed);
+        }
+        Ok(receipt)
+    }
+}
