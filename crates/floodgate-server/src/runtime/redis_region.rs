@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floodgate_core::region::{Ack, Batch, LinkStats, Receipt, SyncMode};
+use floodgate_core::region::{Ack, Batch, LinkStats, Receipt, SyncMode, TableStats};
 use floodgate_core::{Clock, SystemClock};
 use floodgate_redis::{RedisStore, RegionCtx};
 
@@ -86,6 +86,8 @@ pub struct RedisRegion {
     lazy_us: u64,
     ack_timeout_us: u64,
     last_state_us: AtomicU64,
+    /// What this instance's merges did (`keys` stays 0: they are in Redis).
+    merges: Mutex<TableStats>,
     clock: SystemClock,
 }
 
@@ -117,6 +119,7 @@ impl RedisRegion {
             lazy_us: 10 * interval_us,
             ack_timeout_us: 2_000_000,
             last_state_us: AtomicU64::new(0),
+            merges: Mutex::new(TableStats::default()),
             clock: SystemClock::new(),
         }
     }
@@ -308,6 +311,11 @@ impl RedisRegion {
         s.incarnation = l.known_incarnation.unwrap_or(0);
         s.complete = self.complete[p].load(Ordering::Acquire);
         s
+    }
+
+    /// What this instance's merges of peers' batches did.
+    pub fn stats(&self) -> TableStats {
+        *lock(&self.merges)
     }
 
     /// Whether the region waits for a peer's full state.
@@ -502,6 +510,14 @@ impl floodgate_sync::Region for RedisRegion {
             return Err("this region's Redis is not answering".into());
         }
         let stats = self.store.merge(&batch, &self.name, incarnation, None).await.map_err(|e| e.to_string())?;
+        {
+            let mut t = lock(&self.merges);
+            t.merges += stats.merged;
+            t.unchanged += stats.unchanged;
+            t.stale += stats.stale;
+            t.fingerprint_mismatches += stats.mismatched;
+            t.unknown_senders += u64::from(!self.peers.contains(&batch.from));
+        }
         let mut receipt =
             Receipt { ack: Ack { region: self.name.clone(), incarnation, seq: batch.seq }, ..Receipt::default() };
         match self.peers.iter().position(|p| *p == batch.from) {

@@ -133,7 +133,10 @@ impl Regions {
 
     /// Metrics of the sync, in Prometheus text.
     pub fn render_metrics(&self, out: &mut String) {
-        let t = self.table().map(|t| t.stats()).unwrap_or_default();
+        let t = match &self.state {
+            RegionState::Memory(t) => t.stats(),
+            RegionState::Redis(r) => r.stats(),
+        };
         let now = SystemClock::new().now_us();
         gauge(
             out,
@@ -142,7 +145,9 @@ impl Regions {
             "1 while this region waits for a peer's full state (it admits only within its slice of global limits).",
             u8::from(self.state.warming()),
         );
-        gauge(out, "floodgate_sync_keys", "gauge", "Keys of global limits held.", t.keys);
+        if let RegionState::Memory(_) = self.state {
+            gauge(out, "floodgate_sync_keys", "gauge", "Keys of global limits held.", t.keys);
+        }
         gauge(
             out,
             "floodgate_sync_merges_total",
