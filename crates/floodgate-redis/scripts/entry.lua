@@ -23,8 +23,9 @@
 --              neither), hits (at most capacity + 1: every larger request
 --              is denied alike), and for "apply" 1 when a denial denies the
 --              request (0 for a shadow-mode limit), for "refund" the time
---              the hits were taken; then the scope ('' regional, 'g'
---              global) and for a global check "U H S P W R F": its slot
+--              the hits were taken; then the scope ('' regional, else a
+--              global check's G:x key, global.lua) and for a global
+--              check "U H S P W R F": its slot
 --              length (us) and horizon, the bounded slice (0: none), the
 --              number of peers, the warming cap (0: none), the retry time
 --              of a capped denial (us), the limit's fingerprint.
@@ -89,6 +90,12 @@ while a <= #ARGV do
       listed[key] = true
       fetch[#fetch + 1] = key
     end
+    local x = ARGV[a + 8 + STRIDE * i]
+    if key and x ~= '' and not listed[x] then
+      -- Global: its G:x too (global.lua).
+      listed[x] = true
+      fetch[#fetch + 1] = x
+    end
   end
   a, k = a + 2 + STRIDE * n, k + n
 end
@@ -106,13 +113,23 @@ local function check(a, i)
 end
 
 -- Check i's scope: nil for a regional check, else its global spec
--- {U, H, S, P, W, R}, its fingerprint and its algorithm code.
+-- {U, H, S, P, W, R}, its fingerprint, its algorithm code and its G:x.
+-- Parsed once per distinct spec per call (a batch's checks mostly share
+-- a few rules).
+local specs = {}
 local function scope(a, i)
   local b = a + 2 + STRIDE * (i - 1)
   if ARGV[b + 6] == '' then return nil end
-  local u, h, sl, pe, wa, re, fp = string.match(ARGV[b + 7], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  if not u then return nil end
-  return { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re) }, fp, ARGV[b]
+  local text = ARGV[b + 7]
+  local sp = specs[text]
+  if sp == nil then
+    local u, h, sl, pe, wa, re, fp = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    sp = false
+    if u then sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re) }, fp } end
+    specs[text] = sp
+  end
+  if not sp then return nil end
+  return sp[1], sp[2], ARGV[b], ARGV[b + 6]
 end
 
 local function refund(key, alg, l, w, p, hits, at, now, spec, code)
@@ -150,15 +167,14 @@ while a <= #ARGV do
     local denied = false
     for i = 1, n do
       local alg, l, w, p, hits, flag = check(a, i)
-      local spec, fp, code = scope(a, i)
+      local spec, fp, code, x = scope(a, i)
       local allowed, remaining, reset, retry, delay
       if l == 0 then
         allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
       elseif spec then
         -- Global: decide over every region's counts, then count and cap.
         local key = KEYS[k + i]
-        local g = gbase(key)
-        gmeta(g, key, code, l, w, p, fp, spec[1], spec[2], now)
+        local remote_totals = gmeta(x, key, code, l, w, p, fp, spec[1], spec[2], now)
         -- The GCRA state as it was: a capped request leaves it exactly so
         -- (a refund would leave a tat clamped up to now).
         local before = nil
@@ -166,11 +182,11 @@ while a <= #ARGV do
           local s = numbers(key, 2)
           if s then before = { s[1], s[2] } else before = { 0, 0 } end
         end
-        REMOTE = remote_of(g)
+        REMOTE = remote_totals
         allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
         REMOTE = nil
         if allowed and hits > 0 then
-          local left, capped_retry = gcommit(key, g, code, l, w, p, hits, now, spec, alg, before)
+          local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before)
           if left then
             allowed, retry, delay = false, capped_retry, 0
             remaining = math.min(left, remaining + hits)

@@ -12,15 +12,35 @@
 --                1 window counts / 2 gcra, U slot length us, H horizon), and
 --                GCRA debt that came before the rule (p hits, ps since).
 --   G:<slot>     a hash per slot: c:<region>:<incarnation> = a peer's (or an
---                earlier incarnation's) count, t = their sum; o = this
---                region's own count (GCRA family only: the window
---                algorithms' own counts are in S); a:<peer> = the largest own
---                count that peer acknowledged (bounded rules). It expires
---                when the slot no longer counts.
+--                earlier incarnation's) count; o = this region's own count
+--                (GCRA family only: the window algorithms' own counts are in
+--                S); a:<peer> = the largest own count that peer acknowledged
+--                (bounded rules). It expires when the slot no longer counts.
+--   G:x          a string "<fingerprint> <due> <keep>;<slot> <total> ...":
+--                the rule G:m holds (0: none yet), when G:m's expiry is next
+--                due for refreshing, until when (us) G:x itself must stay
+--                (both 16 digits, so a decision reads them without a
+--                pattern),
+--                then the peers' sum per slot that still counts (kept by
+--                the merge). The one thing a global decision reads beyond a
+--                regional one, named by the caller and read in the call's
+--                one MGET: no extra Redis command in the common case.
 
 -- The base G of a state key: the fingerprint suffix replaced by `g`.
+local bases = {}
 local function gbase(key)
-  return (string.gsub(key, ':%x%x%x%x%x%x%x%x$', ':g'))
+  local g = bases[key]
+  if not g then
+    -- Every state key ends in ':' and 8 hex digits (script.rs); a cut,
+    -- not a pattern search, as this runs for every global check.
+    if string.byte(key, -9) == 58 then
+      g = string.sub(key, 1, -10) .. ':g'
+    else
+      g = key .. ':g'
+    end
+    bases[key] = g
+  end
+  return g
 end
 
 local function gslot(g, slot)
@@ -33,18 +53,78 @@ local function gslot_expire(g, slot, u, h, now)
   expire(gslot(g, slot), math.max(ttl, u))
 end
 
--- The peers' sum in each slot, read once per call per (G, slot).
-local tcache = {}
-local function remote_of(g)
-  return function(slot)
-    local f = gslot(g, slot)
-    local v = tcache[f]
-    if v == nil then
-      v = tonumber(redis.call('HGET', f, 't')) or 0
-      tcache[f] = v
+-- The totals of G:x's text v from position `at`: slot -> total.
+local function xtotals(v, at)
+  local t = {}
+  if at <= #v then
+    for slot, total in string.gmatch(string.sub(v, at), '(%d+) (%d+)') do
+      t[tonumber(slot)] = tonumber(total)
     end
-    return v
   end
+  return t
+end
+
+-- G:x parsed (cached per call): {fp, due, keep, t = slot -> total}.
+local xs = {}
+local function xentry(x)
+  local e = xs[x]
+  if e == nil then
+    e = { fp = '0', due = 0, keep = 0, t = {} }
+    local v = fetched(x)
+    if v then
+      local fp, due, keep, at = string.match(v, '^(%d+) (%d+) (%d+);()')
+      if fp then
+        e.fp, e.due, e.keep, e.t = fp, tonumber(due), tonumber(keep), xtotals(v, at)
+      end
+    end
+    xs[x] = e
+  end
+  return e
+end
+
+-- The peers' totals of G:x for a decision whose rule has fingerprint fp, if
+-- G:m holds that rule and needs no refresh yet; else nil. The common case
+-- of every global decision: a prefix compare and one number, no pattern
+-- (and no table at all when the peers have sent nothing that counts).
+local NONE = {}
+local function xfast(x, fp, now)
+  local e = xs[x]
+  if e then
+    if e.fp == fp and e.due > now then return e.t end
+    return nil
+  end
+  local v = fetched(x)
+  local n = #fp
+  if not v or string.byte(v, n + 1) ~= 32 or string.sub(v, 1, n) ~= fp then return nil end
+  local due = tonumber(string.sub(v, n + 2, n + 17))
+  if not due or due <= now then return nil end
+  if #v <= n + 35 then return NONE end
+  e = { fp = fp, due = due, keep = tonumber(string.sub(v, n + 19, n + 34)) or 0, t = xtotals(v, n + 36) }
+  xs[x] = e
+  return e.t
+end
+
+-- Write G:x back: the slots that still count at `now`; kept until the last
+-- of them stops counting, or until `keep`, whichever is later.
+local function xput(x, e, u, h, now)
+  local cur = divmod(now, u)
+  local parts, ttl = {}, e.keep - now
+  for slot, total in pairs(e.t) do
+    if slot + h <= cur or total <= 0 then
+      e.t[slot] = nil
+    else
+      parts[#parts + 1] = int(slot) .. ' ' .. int(total)
+      ttl = math.max(ttl, (slot + h) * u - now)
+    end
+  end
+  if ttl <= 0 then
+    redis.call('DEL', x)
+    raw[x] = false
+    return
+  end
+  local v = e.fp .. string.format(' %016.0f %016.0f;', e.due, e.keep) .. table.concat(parts, ' ')
+  raw[x] = v
+  redis.call('SET', x, v, 'PX', int(math.floor(ttl / 1000) + TTL_SLACK_MS))
 end
 
 -- max(tat, at) + hits * window / limit, on the GCRA state key.
@@ -98,12 +178,34 @@ local function own_slots(key, g, code, w, p, u, h, now)
   return out
 end
 
+-- G:m and G:x stay at least this long (us) after a decision, so a key
+-- decided often is refreshed at most every 15 s however short its window
+-- (each costs one PEXPIRE and one SET); the price is ~300 bytes per key
+-- kept up to 30 s after its last use.
+local META_MIN_US = 30000000
+
 -- Record the rule on G:m (what a merge needs to pour GCRA debt, and the
--- shape), and drain debt that came before it.
-local function gmeta(g, key, code, l, w, p, fp, u, h, now)
-  local m = g .. ':m'
+-- shape), and drain debt that came before it. Every global decision comes
+-- here, so the common case only looks at G:x, already fetched: the same
+-- fingerprint (which names the state key and covers the rest) and G:m's
+-- expiry refreshed less than half its time ago. Returns the peers' totals
+-- (slot -> total).
+local function gmeta(x, key, code, l, w, p, fp, u, h, now)
+  local t = xfast(x, fp, now)
+  if t then return t end
+  local e = xentry(x)
+  if e.fp == fp and e.due > now then return e.t end
+  local m = gbase(key) .. ':m'
+  local ttl = math.max((h + 2) * u + w, META_MIN_US)
   local kind = 1
   if code == 'gc' or code == 'sh' then kind = 2 end
+  -- The same rule, only due: G:m needs a longer life, nothing else (when
+  -- it is still there: else it is written again).
+  if e.fp == fp and redis.call('PEXPIRE', m, int(math.floor(ttl / 1000) + TTL_SLACK_MS)) == 1 then
+    e.due, e.keep = now + math.floor(ttl / 2), now + ttl
+    xput(x, e, u, h, now)
+    return e.t
+  end
   redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
     'K', kind, 'U', int(u), 'H', int(h))
   if kind == 2 then
@@ -114,17 +216,22 @@ local function gmeta(g, key, code, l, w, p, fp, u, h, now)
       redis.call('HDEL', m, 'p', 'ps')
     end
   end
-  expire(m, (h + 2) * u + w)
+  expire(m, ttl)
+  e.fp, e.due, e.keep = fp, now + math.floor(ttl / 2), now + ttl
+  xput(x, e, u, h, now)
+  return e.t
 end
 
 -- A global check, after its algorithm admitted `hits` (own state already
 -- updated): count GCRA hits per slot, then the caps (bounded slice, and
 -- the warming cap). Returns nil when within them, else the denial's
 -- remaining and retry (the hits given back).
-local function gcommit(key, g, code, l, w, p, hits, now, spec, alg, before)
+local function gcommit(key, code, l, w, p, hits, now, spec, alg, before)
   local u, h, slice, peers, warm, retry_us = spec[1], spec[2], spec[3], spec[4], spec[5], spec[6]
-  local cur = divmod(now, u)
   local gcra = code == 'gc' or code == 'sh'
+  if not gcra and slice == 0 and warm == 0 then return nil end
+  local g = gbase(key)
+  local cur = divmod(now, u)
   if gcra then
     redis.call('HINCRBY', gslot(g, cur), 'o', int(hits))
     gslot_expire(g, cur, u, h, now)
@@ -202,7 +309,16 @@ local function gmerge(now)
       redis.call('HSET', m, 'K', kind, 'U', int(u), 'H', int(h))
       expire(m, (h + 2) * u)
     end
+    local x = g .. ':x'
+    local e = xentry(x)
+    local changed = false
+    if not meta[5] and not skip and e.fp ~= '0' then
+      -- G:m has no rule: the next decision must write it (and drain debt).
+      e.fp, e.due = '0', 0
+      changed = true
+    end
     local cur = divmod(now, u)
+    local t = e.t
     for _ = 1, n do
       local region, inc, slot, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
       a = a + 4
@@ -219,7 +335,8 @@ local function gmerge(now)
         if count > old then
           local delta = count - old
           redis.call('HSET', f, field, int(count))
-          redis.call('HINCRBY', f, 't', int(delta))
+          t[slot] = (t[slot] or 0) + delta
+          changed = true
           gslot_expire(g, slot, u, h, now)
           merged = merged + 1
           if kind == 2 then
@@ -238,6 +355,7 @@ local function gmerge(now)
         end
       end
     end
+    if changed then xput(x, e, u, h, now) end
   end
   return { merged, unchanged, stale, mismatched }
 end

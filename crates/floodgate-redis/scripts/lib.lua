@@ -13,13 +13,13 @@
 
 local ALG = {}
 
--- For a `scope: global` check (see global.lua): REMOTE(slot) is the sum of
+-- For a `scope: global` check (see global.lua): REMOTE[slot] is the sum of
 -- the peer regions' counts in a window or bucket, which the window
 -- algorithms add to this region's own count when they decide; nil for a
 -- regional check. The state they write stays this region's own count.
 local REMOTE = nil
 local function remote(slot)
-  if REMOTE then return REMOTE(slot) end
+  if REMOTE then return REMOTE[slot] or 0 end
   return 0
 end
 
@@ -102,6 +102,18 @@ local function prefetch(keys)
       raw[keys[i]] = values[i - from + 1]
     end
   end
+end
+
+-- A string read by prefetch (or now, when it was not): false when missing.
+-- For the other strings a call reads (a global key's G:x, global.lua), not
+-- for states: those go through numbers().
+local function fetched(key)
+  local v = raw[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    raw[key] = v
+  end
+  return v
 end
 
 -- Keep a string state of the numbers a, b (and c) for `ttl_us`

@@ -63,7 +63,7 @@ end
 local function sb_remote(from, to)
   if not REMOTE then return 0 end
   local sum = 0
-  for id = from, to do sum = sum + REMOTE(id) end
+  for id = from, to do sum = sum + (REMOTE[id] or 0) end
   return sum
 end
 

@@ -64,6 +64,7 @@ impl RedisStore {
             0
         };
         Some(GlobalArgs {
+            x: format!("{}:x", self.base(c.key)),
             slot_us: shape.slot_us(),
             horizon: shape.horizon(),
             slice: bounded,

@@ -79,7 +79,7 @@ pub fn global_base(prefix: &str, key: &str) -> String {
 
 /// One check's arguments, owned: a request queued for a batch outlives the
 /// checks it was made from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct CheckArgs {
     code: &'static str,
     limit: u64,
@@ -92,9 +92,11 @@ pub(crate) struct CheckArgs {
     global: Option<GlobalArgs>,
 }
 
-/// A global check's extra arguments (entry.lua: "U H S P W R F").
-#[derive(Debug, Clone, Copy)]
+/// A global check's extra arguments (entry.lua: G:x, then "U H S P W R F").
+#[derive(Debug, Clone)]
 pub(crate) struct GlobalArgs {
+    /// The key's G:x (`scripts/global.lua`), read with the states.
+    pub(crate) x: String,
     pub(crate) slot_us: u64,
     pub(crate) horizon: u64,
     pub(crate) slice: u64,
@@ -162,7 +164,7 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
             cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
             match &c.global {
                 None => cmd.arg("").arg(""),
-                Some(g) => cmd.arg("g").arg(format!(
+                Some(g) => cmd.arg(&g.x).arg(format!(
                     "{} {} {} {} {} {} {}",
                     g.slot_us, g.horizon, g.slice, g.peers, g.warm, g.retry_us, g.fingerprint
                 )),

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floodgate_core::region::{Ack, Batch, LinkStats, Receipt, SyncMode, TableStats};
+use floodgate_core::region::{Ack, Batch, Item, LinkStats, Receipt, SyncMode, TableStats};
 use floodgate_core::{Clock, SystemClock};
 use floodgate_redis::{RedisStore, RegionCtx};
 
@@ -25,12 +25,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Keys per batch.
-const BATCH_ITEMS: usize = 500;
+const BATCH_ITEMS: usize = 100;
 /// Batches awaiting acknowledgement per peer.
 const MAX_IN_FLIGHT: usize = 8;
 /// Keys queued per peer at most (then dropped, counted, and healed by a
 /// full state transfer).
 const MAX_QUEUE: usize = 1 << 20;
+/// Items read for another peer's batch that a peer takes as its own, at
+/// most (beyond, it reads its keys itself).
+const MAX_SHARED: usize = 4 * BATCH_ITEMS;
 
 struct InFlight {
     seq: u64,
@@ -50,10 +53,17 @@ struct Full {
 
 #[derive(Default)]
 struct Link {
+    /// Keys to send, oldest first; one not in `queued` (taken since by
+    /// another peer's read, see `shared`) is skipped.
     queue: VecDeque<String>,
     /// The keys in `queue`, each with whether its rule is bounded (its
     /// acknowledgements matter).
     queued: HashMap<String, bool>,
+    /// Items another peer's batch read from Redis after this peer's queue
+    /// had their keys: as new as a read of its own would be, so they go
+    /// out without one (every peer's queue has about the same keys, and
+    /// reading is what a Redis region's sync costs).
+    shared: VecDeque<(Item, bool)>,
     overflowed: bool,
     full: Option<Full>,
     known_incarnation: Option<u64>,
@@ -302,11 +312,33 @@ impl RedisRegion {
         }
     }
 
+    /// Take `keys` out of every other peer's queue that has them (a peer
+    /// that is failing, or holds enough shared items already, reads its
+    /// own): per peer, the keys taken and whether each is bounded there.
+    fn take_for_others(&self, p: usize, keys: &[(String, bool)]) -> Vec<(usize, Vec<(String, bool)>)> {
+        let mut taken = Vec::new();
+        for (q, link) in self.links.iter().enumerate() {
+            if q == p {
+                continue;
+            }
+            let mut l = lock(link);
+            if l.failing || l.shared.len() >= MAX_SHARED || l.queued.is_empty() {
+                continue;
+            }
+            let ks: Vec<(String, bool)> =
+                keys.iter().filter_map(|(k, _)| l.queued.remove(k).map(|b| (k.clone(), b))).collect();
+            if !ks.is_empty() {
+                taken.push((q, ks));
+            }
+        }
+        taken
+    }
+
     /// The counters of the link to peer `p`.
     pub fn link_stats(&self, p: usize) -> LinkStats {
         let l = lock(&self.links[p]);
         let mut s = l.stats;
-        s.queued = l.queue.len() as u64 + l.full.as_ref().map_or(0, |f| f.keys.len() as u64);
+        s.queued = (l.queued.len() + l.shared.len()) as u64 + l.full.as_ref().map_or(0, |f| f.keys.len() as u64);
         s.in_flight = l.in_flight.len() as u64;
         s.incarnation = l.known_incarnation.unwrap_or(0);
         s.complete = self.complete[p].load(Ordering::Acquire);
@@ -375,7 +407,7 @@ impl floodgate_sync::Region for RedisRegion {
             let keys = self.all_keys().await;
             self.start_full(p, inc, keys);
         }
-        let (keys, full, complete, to_incarnation) = {
+        let (keys, shared, full, complete, to_incarnation) = {
             let mut l = lock(&self.links[p]);
             if l.in_flight.len() >= MAX_IN_FLIGHT {
                 return None;
@@ -397,12 +429,20 @@ impl floodgate_sync::Region for RedisRegion {
                     complete = true;
                 }
             }
+            let mut shared = Vec::new();
             if !full {
-                while keys.len() < BATCH_ITEMS {
+                while shared.len() < BATCH_ITEMS {
+                    match l.shared.pop_front() {
+                        Some(item) => shared.push(item),
+                        None => break,
+                    }
+                }
+                while keys.len() + shared.len() < BATCH_ITEMS {
                     match l.queue.pop_front() {
                         Some(k) => {
-                            let bounded = l.queued.remove(&k).unwrap_or(false);
-                            keys.push((k, bounded));
+                            if let Some(bounded) = l.queued.remove(&k) {
+                                keys.push((k, bounded));
+                            }
                         }
                         None => break,
                     }
@@ -410,25 +450,53 @@ impl floodgate_sync::Region for RedisRegion {
             }
             let first_contact = l.known_incarnation.is_none() && l.in_flight.is_empty();
             let heartbeat = now.saturating_sub(l.last_sent_us) >= 1_000_000;
-            if keys.is_empty() && !complete && !first_contact && !heartbeat {
+            if keys.is_empty() && shared.is_empty() && !complete && !first_contact && !heartbeat {
                 return None;
             }
             l.last_sent_us = now;
-            (keys, full, complete, l.known_incarnation.unwrap_or(0))
+            (keys, shared, full, complete, l.known_incarnation.unwrap_or(0))
         };
+        // The other peers whose queues have these keys take them out now,
+        // before the read: what this read returns is then new enough for
+        // them, and a hit after it queues the key again.
+        let taken = if full { Vec::new() } else { self.take_for_others(p, &keys) };
         let mut regions = vec![self.name.clone()];
         let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
-        let items = match self.store.read_global(&names, full, incarnation, &mut regions, None).await {
-            Ok(items) => items,
-            Err(_) => {
-                // Redis failing: the keys go out again later.
-                let f = InFlight { seq: 0, sent_us: now, keys, acked: Vec::new(), full, complete };
-                self.requeue(p, f);
-                return None;
-            }
+        let read = if names.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.store.read_global(&names, full, incarnation, &mut regions, None).await
         };
+        let Ok(read) = read else {
+            // Redis failing: the keys go out again later, to every peer.
+            let mut keys = keys;
+            keys.extend(shared.into_iter().map(|(item, b)| (item.key, b)));
+            let f = InFlight { seq: 0, sent_us: now, keys, acked: Vec::new(), full, complete };
+            self.requeue(p, f);
+            for (q, ks) in taken {
+                let f = InFlight { seq: 0, sent_us: now, keys: ks, acked: Vec::new(), full: false, complete: false };
+                self.requeue(q, f);
+            }
+            return None;
+        };
+        if !taken.is_empty() {
+            let at: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, (k, _))| (k.as_str(), i)).collect();
+            for (q, ks) in taken {
+                let mut l = lock(&self.links[q]);
+                for (k, b) in ks {
+                    if let Some(item) = at.get(k.as_str()).and_then(|&i| read[i].as_ref()) {
+                        l.shared.push_back((item.clone(), b));
+                    }
+                }
+            }
+        }
+        let mut keys = keys;
+        let mut items: Vec<Item> = read.into_iter().flatten().collect();
+        for (item, b) in shared {
+            keys.push((item.key.clone(), b));
+            items.push(item);
+        }
         let bounded: HashSet<&str> = keys.iter().filter(|(_, b)| *b).map(|(k, _)| k.as_str()).collect();
-        let items: Vec<_> = items.into_iter().flatten().collect();
         // What a bounded key's acknowledgement will confirm: this region's
         // own counts as sent.
         let acked: Vec<(String, Vec<(u64, u64)>)> = items
