@@ -43,3 +43,12 @@ impl fmt::Display for Failure {
         f.write_str(&self.message)
     }
 }
+
+impl From<floodgate::trace::TraceError> for Failure {
+    fn from(e: floodgate::trace::TraceError) -> Self {
+        match e {
+            floodgate::trace::TraceError::Bad(m) => Failure::usage(m),
+            floodgate::trace::TraceError::Read(m) => Failure::runtime(m),
+        }
+    }
+}

@@ -32,6 +32,26 @@ impl Pos {
     fn at(m: &Marker) -> Self {
         Self { line: u32::try_from(m.line()).unwrap_or(u32::MAX), col: u32::try_from(m.col() + 1).unwrap_or(u32::MAX) }
     }
+
+    /// This position, or the end of `text` when it lies past it: the
+    /// parser reports an error at the end of a file with no final line
+    /// break on the line after the last, where no editor can go.
+    fn within(self, text: &str) -> Self {
+        // YAML breaks lines at \n, \r\n and a lone \r.
+        let mut line = 1u32;
+        let mut col = 1u32;
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '\n' || (c == '\r' && chars.peek() != Some(&'\n')) {
+                line = line.saturating_add(1);
+                col = 1;
+            } else if c != '\r' {
+                col = col.saturating_add(1);
+            }
+        }
+        let end = Self { line, col };
+        if (self.line, self.col) > (end.line, end.col) { end } else { self }
+    }
 }
 
 /// One YAML node.
@@ -106,7 +126,7 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
     let mut documents = 0;
     let err = |pos: Pos, message: String| YamlError { pos, message };
     for event in Parser::new_from_str(text) {
-        let (event, span) = event.map_err(|e| err(Pos::at(e.marker()), format!("YAML syntax error: {}", e.info())))?;
+        let (event, span) = event.map_err(|e| err(Pos::at(e.marker()).within(text), format!("YAML syntax error: {}", e.info())))?;
         let pos = Pos::of(&span);
         let (node, anchor) = match event {
             Event::DocumentStart(_) => {
@@ -213,6 +233,18 @@ mod tests {
     fn empty_and_comment_only_files_have_no_document() {
         assert_eq!(parse("", B), Ok(None));
         assert_eq!(parse("# nothing here\n", B), Ok(None));
+    }
+
+    /// Found by the `rules` fuzz target: an error at the end of a file
+    /// with no final line break was placed on the line after the last.
+    #[test]
+    fn fuzz_a_syntax_error_at_the_end_points_inside_the_file() {
+        let e = parse("doain: d\ndescr", B).unwrap_err();
+        assert!(e.message.starts_with("YAML syntax error"), "{e:?}");
+        assert_eq!(e.pos, Pos { line: 2, col: 6 });
+        // A lone \r breaks a line, as YAML says.
+        assert_eq!(Pos { line: 9, col: 9 }.within("a\rb\r\nc"), Pos { line: 3, col: 2 });
+        assert_eq!(Pos { line: 1, col: 2 }.within("ab\n"), Pos { line: 1, col: 2 });
     }
 
     #[test]

@@ -33,10 +33,16 @@ pub struct BadRequest {
 /// Parse a JSON body; an error names the path of the offending field.
 pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(de).map_err(|e| {
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let field = e.path().to_string();
         let field = if field == "." { String::new() } else { field };
         BadRequest { field, message: e.into_inner().to_string() }
+    })?;
+    // Whitespace may follow the value; anything else (a second request
+    // pasted after the first, garbage) is refused, not ignored.
+    de.end().map_err(|e| BadRequest {
+        field: String::new(),
+        message: format!("{e}: send one JSON object per request, with nothing after it"),
     })?;
     Ok(value)
 }
@@ -319,6 +325,22 @@ mod tests {
         let e = parse_check_request(br#"{"domain":"d","descriptors":[{"a":"1","a":"2"}]}"#).unwrap_err();
         assert!(e.message.contains("twice"), "{}", e.message);
         assert!(parse_check_request(b"{").is_err());
+    }
+
+    /// Found by the `http` fuzz target: a body with bytes after its JSON
+    /// object was decided on the object alone.
+    #[test]
+    fn fuzz_trailing_bytes_after_the_json_are_refused() {
+        let one = br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        assert!(parse_pb_request(one).is_ok());
+        assert!(parse_pb_request(&[one.as_slice(), b" \n\t"].concat()).is_ok());
+        for tail in [b"\xffc".as_slice(), b"{}", b"x"] {
+            let e = parse_pb_request(&[one.as_slice(), tail].concat()).unwrap_err();
+            assert!(e.message.contains("trailing characters") && e.message.contains("one JSON object"), "{}", e.message);
+            let e = parse_check_request(&[br#"{"domain":"d","descriptors":[{"k":"v"}]}"#.as_slice(), tail].concat())
+                .unwrap_err();
+            assert!(e.message.contains("nothing after it"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! `floodgate simulate`: replay a trace through one algorithm, or compare all
 //! of them with the exact `sliding_log` (`--report`).
 
-use std::borrow::Cow;
 use std::io::{self, BufRead, BufWriter, Write};
 use std::time::Duration;
 
@@ -9,25 +8,11 @@ use floodgate_core::{
     Algorithm, AlgorithmKind, Decision, LeakyMode, Limit, LimitError, MAX_GRANULARITY, ManualClock, MemoryStore,
     parse_duration,
 };
-use serde::Deserialize;
+use floodgate::trace::{Event, for_each_event};
 
 use crate::cli::SimulateArgs;
 use crate::exit::Failure;
 
-/// One input line.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Event<'a> {
-    at_ms: u64,
-    #[serde(borrow)]
-    key: Cow<'a, str>,
-    #[serde(default = "one")]
-    hits: u64,
-}
-
-fn one() -> u64 {
-    1
-}
 
 /// A store per algorithm, keyed like the trace; unbounded (a simulation
 /// should not evict) and fed explicit times.
@@ -105,49 +90,6 @@ fn decide(store: &SimStore, limit: &Limit, ev: &Event<'_>) -> Result<Decision, F
 /// Milliseconds, rounded up: a wait is never reported shorter than it is.
 fn ms(d: Duration) -> u128 {
     d.as_micros().div_ceil(1_000)
-}
-
-/// Read JSON lines, check them, and hand each event to `f`. Stops at the
-/// first bad line with its number and what is wrong.
-fn for_each_event(
-    mut input: impl BufRead,
-    mut f: impl FnMut(&Event<'_>) -> Result<(), Failure>,
-) -> Result<(), Failure> {
-    let mut line = String::new();
-    let mut number = 0u64;
-    let mut last_at = 0u64;
-    loop {
-        line.clear();
-        match input.read_line(&mut line) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return Err(Failure::usage(format!("stdin line {}: not valid UTF-8", number + 1)));
-            }
-            Err(e) => return Err(Failure::runtime(format!("reading stdin: {e}"))),
-        }
-        number += 1;
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        let ev: Event<'_> = serde_json::from_str(text).map_err(|e| {
-            let msg = e.to_string();
-            let msg = msg.rsplit_once(" at line ").map_or(msg.as_str(), |(m, _)| m);
-            Failure::usage(format!(
-                "stdin line {number}, column {}: {msg}; expected {{\"at_ms\": 1200, \"key\": \"alice\", \"hits\": 1}}",
-                e.column()
-            ))
-        })?;
-        if ev.at_ms < last_at {
-            return Err(Failure::usage(format!(
-                "stdin line {number}: at_ms {} is before the previous line's {last_at}; sort the trace by at_ms",
-                ev.at_ms
-            )));
-        }
-        last_at = ev.at_ms;
-        f(&ev)?;
-    }
 }
 
 /// Stdout closed (e.g. piped into `head`): stop quietly, as a filter does.
@@ -236,7 +178,7 @@ fn report(input: impl BufRead, mut out: impl Write, limits: &[(String, Limit)]) 
                 _ => {}
             }
         }
-        Ok(())
+        Ok::<(), Failure>(())
     })?;
     let (_, reference) = &limits[0];
     let mut text = format!(
