@@ -29,6 +29,7 @@ use crate::protocol::headers::HeaderMode;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
+use crate::runtime::listen::{ConnLimit, Handed, Held, accept, serve_router};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
 use crate::runtime::state::{OverridesFile, open_overrides};
@@ -67,6 +68,12 @@ pub struct Config {
     /// serving the connections handed to it round-robin (no work stealing,
     /// no cross-thread wake-ups); 0 serves gRPC on the shared runtime.
     pub grpc_threads: usize,
+    /// Connections each listener (gRPC, HTTP API, admin API, proxy) holds
+    /// open at most; beyond, new ones wait to be accepted.
+    pub max_connections: usize,
+    /// The longest an HTTP/1 client may take to send a request's head
+    /// (HTTP API, admin API, proxy); then its connection is closed.
+    pub header_timeout: Duration,
     /// The reverse proxy, when one is served.
     pub proxy: Option<ProxyConfig>,
     /// This instance's region and its peers, when limits are shared across
@@ -90,6 +97,8 @@ impl Default for Config {
             body_limit: http::DEFAULT_BODY_LIMIT,
             shutdown_grace: Duration::from_secs(10),
             grpc_threads: 0,
+            max_connections: crate::runtime::listen::DEFAULT_MAX_CONNECTIONS,
+            header_timeout: crate::runtime::listen::DEFAULT_HEADER_TIMEOUT,
             proxy: None,
             regions: None,
         }
@@ -150,20 +159,25 @@ where
 async fn per_thread_grpc(
     n: usize,
     listener: TcpListener,
+    bound: ConnLimit,
     service: Arc<Service<ServerStore>>,
     health: Health,
     headers: HeaderMode,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let serve_stop = stop.clone();
-    threads::on_threads(n, "grpc", listener, stop, move |handed| {
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::UnboundedReceiverStream::new(handed),
-            |(io, _peer)| tokio::net::TcpStream::from_std(io),
-        );
-        serve_grpc(incoming, service.clone(), health.clone(), headers, serve_stop.clone())
+    threads::on_threads(n, "grpc", listener, bound, stop, move |handed| {
+        serve_grpc(held(handed), service.clone(), health.clone(), headers, serve_stop.clone())
     })
     .await
+}
+
+/// Handed connections as tonic's incoming stream, each holding its place
+/// under the listener's bound until it closes.
+fn held(handed: Handed) -> impl tokio_stream::Stream<Item = std::io::Result<Held>> {
+    tokio_stream::StreamExt::map(tokio_stream::wrappers::UnboundedReceiverStream::new(handed), |(io, _peer, permit)| {
+        Held::new(io, permit)
+    })
 }
 
 /// The sync service on `listener` and the links to every peer, for a
@@ -376,12 +390,15 @@ impl Bound {
                 .await;
             let (service, stop, headers, threads) =
                 (service.clone(), stop_rx.clone(), config.headers, config.grpc_threads);
+            let bound = ConnLimit::new(config.max_connections);
             servers.spawn(async move {
                 let r = if threads == 0 {
-                    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-                    serve_grpc(incoming, service, health_service, headers, stop).await
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    let accepting = accept(grpc, vec![tx], bound, stop.clone());
+                    let serving = serve_grpc(held(rx), service, health_service, headers, stop);
+                    tokio::join!(accepting, serving).1
                 } else {
-                    per_thread_grpc(threads, grpc, service, health_service, headers, stop).await
+                    per_thread_grpc(threads, grpc, bound, service, health_service, headers, stop).await
                 };
                 ("gRPC", r)
             });
@@ -389,16 +406,15 @@ impl Bound {
         if let Some(http) = http {
             let state =
                 Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
-            let serving = axum::serve(http, http::router(state, config.body_limit))
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future();
-            servers.spawn(async move { ("HTTP", serving.await.map_err(|e| e.to_string())) });
+            let router = http::router(state, config.body_limit);
+            let bound = ConnLimit::new(config.max_connections);
+            let serving = serve_router(http, router, bound, config.header_timeout, stop_rx.clone());
+            servers.spawn(async move { ("HTTP", serving.await) });
         }
         let admin_state = Arc::new(AdminState { service: service.clone(), token: config.admin_token.clone() });
-        let serving = axum::serve(admin, admin::router(admin_state))
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future();
-        servers.spawn(async move { ("admin", serving.await.map_err(|e| e.to_string())) });
+        let bound = ConnLimit::new(config.max_connections);
+        let serving = serve_router(admin, admin::router(admin_state), bound, config.header_timeout, stop_rx.clone());
+        servers.spawn(async move { ("admin", serving.await) });
         if let (Some(listener), Some(p)) = (proxy, &config.proxy) {
             let decider = ServiceDecider::new(service.clone(), p.domain.clone());
             let layer = RateLimitLayer::new(decider)
@@ -406,7 +422,9 @@ impl Bound {
                 .headers(config.headers)
                 .max_held(p.max_held);
             let forward = Forward::new(p.upstream.clone(), p.upstream_timeout);
-            let serving = serve_proxy(listener, layer, forward, p.header_timeout, stop_rx.clone(), p.threads);
+            let bound = ConnLimit::new(config.max_connections);
+            let serving =
+                serve_proxy(listener, layer, forward, config.header_timeout, bound, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });
         }
         // With Redis, overrides are shared: keep this instance in step.

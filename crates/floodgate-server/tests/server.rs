@@ -62,6 +62,14 @@ impl Server {
     }
 
     async fn start_with(name: &str, token: Option<&str>, grpc_threads: usize) -> Server {
+        Self::start_config(name, |c| {
+            c.admin_token = token.map(str::to_owned);
+            c.grpc_threads = grpc_threads;
+        })
+        .await
+    }
+
+    async fn start_config(name: &str, f: impl FnOnce(&mut Config)) -> Server {
         let dir = TempDir::new(name);
         dir.write("rules/api.yaml", RULES);
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -70,12 +78,12 @@ impl Server {
             grpc_addr: Some(any),
             http_addr: Some(any),
             admin_addr: any,
-            admin_token: token.map(str::to_owned),
             overrides: floodgate_server::runtime::state::OverridesFile::At(dir.0.join("overrides.redb")),
             body_limit: 4096,
-            grpc_threads,
             ..Config::default()
         };
+        let mut config = config;
+        f(&mut config);
         let bound = prepare(config).unwrap().bind().await.unwrap();
         let (grpc, http, admin) = (bound.grpc_addr().unwrap(), bound.http_addr().unwrap(), bound.admin_addr());
         let (tx, rx) = oneshot::channel::<()>();
@@ -475,4 +483,199 @@ async fn shutdown_with(grpc_threads: usize) {
         answered += t.await.unwrap().0;
     }
     assert!(answered > 0);
+}
+
+/// Issue 23, resource attacks: no metric series grows with client input.
+/// After one request of every kind, a thousand more with new domains, keys,
+/// values, descriptor shapes, hits and overrides of the limit (gRPC and
+/// HTTP, allowed, denied and refused) add no series: every label comes
+/// from the rules or a fixed set.
+#[tokio::test]
+async fn no_metric_series_grows_with_client_input() {
+    let s = Server::start("cardinality", None).await;
+    let mut g = s.grpc().await;
+    let c = http();
+    let url = |p: &str| format!("http://{}{p}", s.http);
+    let series = |text: &str| -> Vec<String> {
+        let mut names: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.rsplit_once(' ').map_or(l, |(name, _)| name).to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let round = |i: usize| {
+        let (user, domain, key) = (format!("user-{i}"), format!("domain-{i}"), format!("key-{i}"));
+        let mut over = desc(&[("tier", "free")]);
+        over.limit = Some(RateLimitOverride { requests_per_unit: 1 + i as u32, unit: Unit::Second as i32 });
+        (
+            vec![
+                req("api", vec![desc(&[("user", &user)])], 1 + (i % 3) as u32),
+                req("api", vec![desc(&[("user", &user), (&key, &user)]), desc(&[("shadow", &user)])], 1),
+                req(&domain, vec![desc(&[(&key, &user)])], 1),
+                req("api", vec![desc(&[(&key, "")])], 1),
+                req("api", vec![over], 2),
+            ],
+            json!({"domain": "api", "descriptors": [{"user": user, "sliding": key}], "hits": i % 4}).to_string(),
+            json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": user}]}]}).to_string(),
+        )
+    };
+    let mut send = async |i: usize| {
+        let (grpcs, check, pb) = round(i);
+        for r in grpcs {
+            // Refusals (an empty value) are answers too.
+            let _ = g.should_rate_limit(r).await;
+        }
+        call(&c, "POST", url("/v1/check"), &check, None).await;
+        call(&c, "POST", url("/json"), &pb, None).await;
+    };
+    for i in 0..3 {
+        send(i).await;
+    }
+    let (st, _, before) = call(&c, "GET", url("/metrics"), "", None).await;
+    assert_eq!(st, 200);
+    let before = series(before.as_str().unwrap());
+    for i in 3..1_003 {
+        send(i).await;
+    }
+    let (_, _, after) = call(&c, "GET", url("/metrics"), "", None).await;
+    let after = series(after.as_str().unwrap());
+    assert_eq!(before, after, "series added by client input");
+    assert!(before.iter().any(|s| s.starts_with("floodgate_decisions_total{domain=\"api\"")), "{before:#?}");
+    s.stop().await;
+}
+
+/// Issue 23, resource attacks: slow clients. Connections beyond
+/// `max_connections` wait to be accepted (the bound holds, and others are
+/// answered once a place frees); a client trickling its request head is cut
+/// off at `header_timeout` however steadily it trickles; gRPC keeps
+/// answering while the HTTP API is full.
+#[tokio::test]
+async fn slow_clients_are_bounded_and_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let s = Server::start_config("slow", |c| {
+        c.max_connections = 4;
+        c.header_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let get = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    // Four idle connections fill the HTTP API.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(s.http).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHo").await.unwrap();
+        idle.push(c);
+    }
+    // A fifth waits: not accepted, so not answered.
+    let mut fifth = TcpStream::connect(s.http).await.unwrap();
+    fifth.write_all(get).await.unwrap();
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(Duration::from_millis(700), fifth.read(&mut buf)).await;
+    assert!(early.is_err(), "answered beyond the bound: {early:?}");
+    // gRPC is another listener: it answers meanwhile.
+    let mut g = s.grpc().await;
+    assert_eq!(ask(&mut g, req("api", vec![desc(&[("user", "slow")])], 1)).await.overall_code, Code::Ok as i32);
+    // One idle client leaves: the fifth is accepted and answered.
+    drop(idle.pop());
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), fifth.read_to_end(&mut answer))
+        .await
+        .expect("answered once a place is free")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+    drop(idle);
+    s.stop().await;
+
+    // A trickler: one byte of its head every 100 ms, cut off at 1 s.
+    let s = Server::start_config("trickle", |c| c.header_timeout = Duration::from_secs(1)).await;
+    let mut c = TcpStream::connect(s.admin).await.unwrap();
+    let started = Instant::now();
+    let head = b"GET /admin/v1/status HTTP/1.1\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a'));
+    let mut cut = false;
+    for b in head.take(600) {
+        if c.write_all(&[*b]).await.is_err() {
+            cut = true;
+            break;
+        }
+        // A closed connection shows as a read of 0 (or an error) too.
+        let mut one = [0u8; 256];
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(100), c.read(&mut one)).await {
+            assert!(!matches!(r, Ok(n) if n > 0 && !one.starts_with(b"HTTP/1.1 408")), "answered a partial head");
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a trickling client was not cut off within 60 s");
+    assert!(started.elapsed() >= Duration::from_millis(900), "cut before the header timeout");
+    // Others are answered.
+    let c2 = http();
+    let (st, _, _) = call(&c2, "GET", format!("http://{}/admin/v1/status", s.admin), "", None).await;
+    assert_eq!(st, 200);
+    s.stop().await;
+}
+
+/// Issue 23, resource attacks: an HTTP/2 rapid-reset flood (streams opened
+/// and cancelled at once, CVE-2023-44487) against gRPC and against the HTTP
+/// API: 10 connections in turn, 5 000 streams each. The service keeps
+/// answering another client while the flood runs, and after. (h2 sends
+/// GOAWAY when resets pile up before streams are accepted; a service that
+/// accepts them as fast as they come drops each cancelled request at once.)
+#[tokio::test]
+async fn http2_rapid_reset_floods_leave_the_service_answering() {
+    let s = Server::start("reset", None).await;
+    for (addr, path) in
+        [(s.grpc, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"), (s.http, "/v1/check")]
+    {
+        let flood = tokio::spawn(async move {
+            let (mut streams, mut cut) = (0u64, 0u64);
+            for _ in 0..10 {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let Ok((mut client, conn)) = h2::client::handshake(tcp).await else {
+                    cut += 1;
+                    continue;
+                };
+                let driver = tokio::spawn(conn);
+                for _ in 0..5_000 {
+                    let Ok(ready) = client.clone().ready().await else { break };
+                    client = ready;
+                    let req = http::Request::builder()
+                        .method("POST")
+                        .uri(format!("http://{addr}{path}"))
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .unwrap();
+                    let Ok((_response, mut body)) = client.send_request(req, false) else { break };
+                    body.send_reset(h2::Reason::CANCEL);
+                    streams += 1;
+                }
+                drop(client);
+                if matches!(tokio::time::timeout(Duration::from_secs(10), driver).await, Ok(Ok(Err(_)))) {
+                    cut += 1;
+                }
+            }
+            (streams, cut)
+        });
+        // Another client, answered while the flood runs and after.
+        let mut g = s.grpc().await;
+        let c = http();
+        let (mut answered, mut during) = (0, 0);
+        while !flood.is_finished() || answered < 20 {
+            if !flood.is_finished() {
+                during += 1;
+            }
+            let r = ask(&mut g, req("api", vec![desc(&[("load", "x")])], 1)).await;
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            let (st, _, _) = call(&c, "GET", format!("http://{}/healthz", s.http), "", None).await;
+            assert_eq!(st, 200);
+            answered += 1;
+        }
+        let (streams, cut) = flood.await.unwrap();
+        assert!(streams >= 10_000, "{addr}: only {streams} streams opened and reset");
+        assert!(during > 0, "{addr}: nothing answered during the flood");
+        eprintln!("{addr}: {streams} streams reset, {cut} flooding connections cut off, {during} answers during");
+    }
+    s.stop().await;
 }

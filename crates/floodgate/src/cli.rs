@@ -87,9 +87,6 @@ pub(crate) struct ProxyArgs {
     /// The longest the upstream may take to start its response (then 504).
     #[arg(long, env = "FLOODGATE_UPSTREAM_TIMEOUT", default_value = "30s")]
     pub(crate) upstream_timeout: String,
-    /// The longest a client may take to send a request's head.
-    #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT", default_value = "10s")]
-    pub(crate) header_timeout: String,
     /// HTTP API address for /metrics, /healthz, /readyz (and /json,
     /// /v1/check); `none`: off.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "none")]
@@ -136,6 +133,15 @@ pub(crate) struct CommonArgs {
     /// Bound on the in-memory store's keys (the oldest-expiring are evicted beyond it).
     #[arg(long, env = "FLOODGATE_MAX_KEYS", default_value_t = floodgate_core::store::memory::DEFAULT_MAX_KEYS)]
     pub(crate) max_keys: usize,
+    /// Connections each listener (gRPC, HTTP API, admin API, proxy) holds
+    /// open at most; beyond, new ones wait in the kernel's backlog until one
+    /// closes.
+    #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_CONNECTIONS)]
+    pub(crate) max_connections: usize,
+    /// The longest an HTTP/1 client may take to send a request's head (HTTP
+    /// API, admin API, proxy); then its connection is closed.
+    #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT", default_value = "10s")]
+    pub(crate) header_timeout: String,
     /// File where runtime overrides persist, or `none` to disable them
     /// (default: STATE_DIR/INSTANCE/overrides.redb).
     #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]

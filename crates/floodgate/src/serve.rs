@@ -74,7 +74,6 @@ fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
         domain: args.domain.clone(),
         trusted,
         upstream_timeout: duration("upstream-timeout", &args.upstream_timeout)?,
-        header_timeout: duration("header-timeout", &args.header_timeout)?,
         threads: args.threads.unwrap_or_else(cores),
         max_held: args.max_held,
     };
@@ -105,6 +104,10 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.max_keys == 0 {
         return Err(Failure::usage("--max-keys: give at least 1"));
     }
+    if args.max_connections == 0 {
+        return Err(Failure::usage("--max-connections: give at least 1"));
+    }
+    let header_timeout = duration("header-timeout", &args.header_timeout)?;
     let admin_addr = addr("admin-addr", &args.admin_addr)?;
     let overrides = match args.overrides_file.as_deref() {
         Some("none" | "") => OverridesFile::Off,
@@ -130,6 +133,8 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         overrides,
         redis,
         max_keys: args.max_keys,
+        max_connections: args.max_connections,
+        header_timeout,
         watch: !args.no_watch,
         shutdown_grace: grace,
         ..Config::default()

@@ -36,7 +36,7 @@ impl Pos {
     /// This position, or the end of `text` when it lies past it: the
     /// parser reports an error at the end of a file with no final line
     /// break on the line after the last, where no editor can go.
-    fn within(self, text: &str) -> Self {
+    pub(crate) fn within(self, text: &str) -> Self {
         // YAML breaks lines at \n, \r\n and a lone \r.
         let mut line = 1u32;
         let mut col = 1u32;
@@ -126,7 +126,8 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
     let mut documents = 0;
     let err = |pos: Pos, message: String| YamlError { pos, message };
     for event in Parser::new_from_str(text) {
-        let (event, span) = event.map_err(|e| err(Pos::at(e.marker()).within(text), format!("YAML syntax error: {}", e.info())))?;
+        let (event, span) =
+            event.map_err(|e| err(Pos::at(e.marker()).within(text), format!("YAML syntax error: {}", e.info())))?;
         let pos = Pos::of(&span);
         let (node, anchor) = match event {
             Event::DocumentStart(_) => {
@@ -245,6 +246,15 @@ mod tests {
         // A lone \r breaks a line, as YAML says.
         assert_eq!(Pos { line: 9, col: 9 }.within("a\rb\r\nc"), Pos { line: 3, col: 2 });
         assert_eq!(Pos { line: 1, col: 2 }.within("ab\n"), Pos { line: 1, col: 2 });
+    }
+
+    /// Found by the `rules` fuzz target: a file of `---` alone was told it
+    /// lacks a mapping on line 2, which it does not have.
+    #[test]
+    fn fuzz_an_empty_document_points_inside_the_file() {
+        let e = crate::rules::RuleSet::from_yaml("t.yaml", "---").unwrap_err();
+        assert_eq!(e.0[0].pos, Pos { line: 1, col: 4 }, "{e}");
+        assert!(e.to_string().starts_with("t.yaml:1:4: "), "{e}");
     }
 
     #[test]

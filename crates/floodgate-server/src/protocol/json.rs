@@ -336,7 +336,11 @@ mod tests {
         assert!(parse_pb_request(&[one.as_slice(), b" \n\t"].concat()).is_ok());
         for tail in [b"\xffc".as_slice(), b"{}", b"x"] {
             let e = parse_pb_request(&[one.as_slice(), tail].concat()).unwrap_err();
-            assert!(e.message.contains("trailing characters") && e.message.contains("one JSON object"), "{}", e.message);
+            assert!(
+                e.message.contains("trailing characters") && e.message.contains("one JSON object"),
+                "{}",
+                e.message
+            );
             let e = parse_check_request(&[br#"{"domain":"d","descriptors":[{"k":"v"}]}"#.as_slice(), tail].concat())
                 .unwrap_err();
             assert!(e.message.contains("nothing after it"), "{}", e.message);

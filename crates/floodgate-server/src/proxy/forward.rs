@@ -44,6 +44,7 @@ use tower_layer::Layer;
 use tower_service::Service as _;
 
 use crate::proxy::upstream::Pool;
+use crate::runtime::listen::{ConnLimit, Handed, Held, accept};
 use crate::runtime::metrics::Protocol;
 use crate::runtime::threads;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
@@ -61,8 +62,6 @@ pub struct ProxyConfig {
     pub trusted: TrustedProxies,
     /// The longest the upstream may take to start its response (504 after).
     pub upstream_timeout: Duration,
-    /// The longest a client may take to send a request head.
-    pub header_timeout: Duration,
     /// Serve on this many single-threaded runtimes (0: the shared one); see
     /// [`serve_proxy`].
     pub threads: usize,
@@ -385,23 +384,25 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// upstream connection pool: a request, its decision and its upstream call
 /// stay on one thread (no cross-thread wakeups, the bulk of a proxy's
 /// added latency). With `0`, on the caller's runtime.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_proxy<S: Store + 'static>(
     listener: TcpListener,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
     header_timeout: Duration,
+    bound: ConnLimit,
     stop: watch::Receiver<bool>,
     threads: usize,
 ) -> Result<(), String> {
     if threads == 0 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let serving = serve_connections(rx, layer, forward, header_timeout, stop.clone());
-        let accepting = threads::accept(listener, vec![tx], stop);
+        let accepting = accept(listener, vec![tx], bound, stop);
         let ((), served) = tokio::join!(accepting, serving);
         return served;
     }
     let serve_stop = stop.clone();
-    threads::on_threads(threads, "proxy", listener, stop, move |handed| {
+    threads::on_threads(threads, "proxy", listener, bound, stop, move |handed| {
         serve_connections(handed, layer.clone(), forward.with_own_pool(), header_timeout, serve_stop.clone())
     })
     .await
@@ -410,7 +411,7 @@ pub async fn serve_proxy<S: Store + 'static>(
 /// Serve the connections from `incoming` on this runtime until `stop` or
 /// the end of `incoming`; then let open connections finish their requests.
 async fn serve_connections<S: Store + 'static>(
-    mut incoming: threads::Handed,
+    mut incoming: Handed,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
     header_timeout: Duration,
@@ -422,14 +423,14 @@ async fn serve_connections<S: Store + 'static>(
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     loop {
-        let (io, peer) = tokio::select! {
+        let (io, peer, permit) = tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
             next = incoming.recv() => match next {
                 Some(conn) => conn,
                 None => break,
             },
         };
-        let Ok(io) = tokio::net::TcpStream::from_std(io) else { continue };
+        let Ok(io) = Held::new(io, permit) else { continue };
         let svc = svc.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));

@@ -1,6 +1,8 @@
 //! What the service runs on: the store chosen at start ([`store`]),
-//! metrics, the instance's own files ([`state`]) and per-thread runtimes.
+//! metrics, the instance's own files ([`state`]), bounded listeners
+//! ([`listen`]) and per-thread runtimes.
 
+pub mod listen;
 pub mod metrics;
 pub mod redis_region;
 pub mod regions;

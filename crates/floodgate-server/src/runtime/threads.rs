@@ -4,17 +4,12 @@
 //! thread and nothing is stolen between workers.
 
 use std::future::Future;
-use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::watch;
 
-/// An accepted connection (`TCP_NODELAY` set, nonblocking) and its peer.
-pub(crate) type Accepted = (std::net::TcpStream, SocketAddr);
-
-/// The connections handed to one runtime; it ends when accepting stops.
-pub(crate) type Handed = UnboundedReceiver<Accepted>;
+use super::listen::{ConnLimit, Handed, accept};
 
 /// Serve `listener` on `n` threads named `{name}-{i}`, each a
 /// current-thread runtime running `serve(its connections)` (called on that
@@ -24,6 +19,7 @@ pub(crate) async fn on_threads<F, Fut>(
     n: usize,
     name: &'static str,
     listener: TcpListener,
+    bound: ConnLimit,
     stop: watch::Receiver<bool>,
     serve: F,
 ) -> Result<(), String>
@@ -48,33 +44,9 @@ where
         senders.push(tx);
         done.push(done_rx);
     }
-    accept(listener, senders, stop).await;
+    accept(listener, senders, bound, stop).await;
     for d in done {
         d.await.map_err(|_| format!("a {name} runtime stopped unexpectedly"))??;
     }
     Ok(())
-}
-
-/// Accept until `stop`, handing connections to `senders` in turn; dropping
-/// them when done tells the servers no more are coming.
-pub(crate) async fn accept(
-    listener: TcpListener,
-    senders: Vec<UnboundedSender<Accepted>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut next = 0;
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            accepted = listener.accept() => {
-                // A failed accept (e.g. out of descriptors) drops that one
-                // connection; the listener keeps serving.
-                let Ok((io, peer)) = accepted else { continue };
-                let _ = io.set_nodelay(true);
-                let Ok(io) = io.into_std() else { continue };
-                let _ = senders[next % senders.len()].send((io, peer));
-                next += 1;
-            }
-        }
-    }
 }

@@ -4,15 +4,14 @@
 use std::io::{self, BufRead, BufWriter, Write};
 use std::time::Duration;
 
+use floodgate::trace::{Event, for_each_event};
 use floodgate_core::{
     Algorithm, AlgorithmKind, Decision, LeakyMode, Limit, LimitError, MAX_GRANULARITY, ManualClock, MemoryStore,
     parse_duration,
 };
-use floodgate::trace::{Event, for_each_event};
 
 use crate::cli::SimulateArgs;
 use crate::exit::Failure;
-
 
 /// A store per algorithm, keyed like the trace; unbounded (a simulation
 /// should not evict) and fed explicit times.

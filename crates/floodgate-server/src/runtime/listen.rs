@@ -1,0 +1,179 @@
+//! Accepting connections, bounded: every listener (gRPC, the HTTP API, the
+//! admin API, the proxy) holds at most `--max-connections` open at once; at
+//! the bound it stops accepting until one closes, so further clients wait
+//! in the kernel's backlog instead of taking descriptors and memory. HTTP/1
+//! clients must send a request's head within `--header-timeout` (a slow
+//! client trickling headers is cut off); HTTP/2's resets and stream floods
+//! are bounded by h2's own limits (hyper's defaults).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tower_service::Service as _;
+
+/// Connections a listener holds open at most, by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// How long an HTTP/1 client may take to send a request's head, by default.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One listener's bound on open connections: a permit per connection,
+/// given back when it closes.
+#[derive(Debug, Clone)]
+pub struct ConnLimit(Arc<Semaphore>);
+
+impl ConnLimit {
+    /// At most `max` connections at once (at least 1).
+    pub fn new(max: usize) -> Self {
+        Self(Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))))
+    }
+}
+
+/// An accepted connection (`TCP_NODELAY` set, nonblocking), its peer, and
+/// its place under the listener's bound (held until the connection closes).
+pub(crate) type Accepted = (std::net::TcpStream, SocketAddr, OwnedSemaphorePermit);
+
+/// The connections handed to one runtime; it ends when accepting stops.
+pub(crate) type Handed = UnboundedReceiver<Accepted>;
+
+/// Accept until `stop`, each connection once a place under `bound` is
+/// free, handing them to `senders` in turn; dropping them when done tells
+/// the servers no more are coming.
+pub(crate) async fn accept(
+    listener: TcpListener,
+    senders: Vec<UnboundedSender<Accepted>>,
+    bound: ConnLimit,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next = 0;
+    let mut warned: Option<Instant> = None;
+    loop {
+        let permit = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            p = bound.0.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((io, peer)) => {
+                let _ = io.set_nodelay(true);
+                let Ok(io) = io.into_std() else { continue };
+                let _ = senders[next % senders.len()].send((io, peer, permit));
+                next += 1;
+            }
+            Err(e) => {
+                // Out of descriptors (EMFILE) fails every accept at once: wait
+                // instead of spinning, and say so at most every 10 s.
+                if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, "cannot accept a connection (out of file descriptors? raise `ulimit -n` or lower --max-connections); retrying every 100 ms");
+                    warned = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// A connection holding its place under the listener's bound.
+#[derive(Debug)]
+pub(crate) struct Held {
+    io: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// `io` (from [`Accepted`]) on this runtime.
+    pub(crate) fn new(io: std::net::TcpStream, permit: OwnedSemaphorePermit) -> io::Result<Self> {
+        Ok(Self { io: TcpStream::from_std(io)?, _permit: permit })
+    }
+}
+
+impl AsyncRead for Held {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Held {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Held {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Serve `router` (the HTTP or the admin API) on `listener`, bounded by
+/// `bound` and `header_timeout`, until `stop`; then stop accepting and let
+/// open connections finish their requests.
+pub(crate) async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    bound: ConnLimit,
+    header_timeout: Duration,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let (tx, mut rx) = unbounded_channel();
+    let accepting = accept(listener, vec![tx], bound, stop.clone());
+    let serving = async move {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+        builder.http2().timer(TokioTimer::new());
+        // Ends when accepting stops (at `stop`).
+        while let Some((io, peer, permit)) = rx.recv().await {
+            let Ok(io) = Held::new(io, permit) else { continue };
+            let router = router.clone();
+            let service = hyper::service::service_fn(move |req: http::Request<Incoming>| router.clone().call(req));
+            let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+                }
+            });
+        }
+        graceful.shutdown().await;
+    };
+    tokio::join!(accepting, serving);
+    Ok(())
+}
