@@ -31,6 +31,7 @@ use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::listen::{ConnLimit, Handed, Held, accept, serve_router};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::overload::ShedLayer;
 use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
 use crate::runtime::state::{OverridesFile, open_overrides};
 use crate::runtime::store::ServerStore;
@@ -71,6 +72,9 @@ pub struct Config {
     /// Connections each listener (gRPC, HTTP API, admin API, proxy) holds
     /// open at most; beyond, new ones wait to be accepted.
     pub max_connections: usize,
+    /// gRPC requests in flight at most (shared out among the gRPC
+    /// runtimes); one more is answered `RESOURCE_EXHAUSTED` at once.
+    pub max_in_flight: usize,
     /// The longest an HTTP/1 client may take to send a request's head
     /// (HTTP API, admin API, proxy); then its connection is closed.
     pub header_timeout: Duration,
@@ -99,6 +103,7 @@ impl Default for Config {
             grpc_threads: 0,
             max_connections: crate::runtime::listen::DEFAULT_MAX_CONNECTIONS,
             header_timeout: crate::runtime::listen::DEFAULT_HEADER_TIMEOUT,
+            max_in_flight: crate::runtime::overload::DEFAULT_MAX_IN_FLIGHT,
             proxy: None,
             regions: None,
         }
@@ -133,41 +138,47 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 
 type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
 
-/// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
-async fn serve_grpc<I, IO, IE>(
-    incoming: I,
+/// What every gRPC runtime serves: the RLS and health services, and its
+/// share of the requests in flight.
+#[derive(Clone)]
+struct Grpc {
     service: Arc<Service<ServerStore>>,
     health: Health,
     headers: HeaderMode,
-    stop: watch::Receiver<bool>,
-) -> Result<(), String>
+    max_in_flight: usize,
+}
+
+/// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
+async fn serve_grpc<I, IO, IE>(incoming: I, grpc: Grpc, stop: watch::Receiver<bool>) -> Result<(), String>
 where
     I: tokio_stream::Stream<Item = Result<IO, IE>>,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let shed = ShedLayer::new(grpc.max_in_flight, grpc.service.metrics().clone());
     tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(Rls::server(service, headers))
+        .layer(shed)
+        .add_service(grpc.health)
+        .add_service(Rls::server(grpc.service, grpc.headers))
         .serve_with_incoming_shutdown(incoming, stopped(stop))
         .await
         .map_err(|e| e.to_string())
 }
 
-/// gRPC on `n` single-threaded runtimes ([`threads::on_threads`]).
-/// Returns when every runtime has drained after shutdown.
+/// gRPC on `n` single-threaded runtimes ([`threads::on_threads`]), each
+/// with its share of `--max-in-flight`. Returns when every runtime has
+/// drained after shutdown.
 async fn per_thread_grpc(
     n: usize,
     listener: TcpListener,
     bound: ConnLimit,
-    service: Arc<Service<ServerStore>>,
-    health: Health,
-    headers: HeaderMode,
+    mut grpc: Grpc,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let serve_stop = stop.clone();
+    grpc.max_in_flight = grpc.max_in_flight.div_ceil(n.max(1));
     threads::on_threads(n, "grpc", listener, bound, stop, move |handed| {
-        serve_grpc(held(handed), service.clone(), health.clone(), headers, serve_stop.clone())
+        serve_grpc(held(handed), grpc.clone(), serve_stop.clone())
     })
     .await
 }
@@ -388,17 +399,21 @@ impl Bound {
             health
                 .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
                 .await;
-            let (service, stop, headers, threads) =
-                (service.clone(), stop_rx.clone(), config.headers, config.grpc_threads);
+            let serving = Grpc {
+                service: service.clone(),
+                health: health_service,
+                headers: config.headers,
+                max_in_flight: config.max_in_flight,
+            };
+            let (stop, threads) = (stop_rx.clone(), config.grpc_threads);
             let bound = ConnLimit::new(config.max_connections);
             servers.spawn(async move {
                 let r = if threads == 0 {
                     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                     let accepting = accept(grpc, vec![tx], bound, stop.clone());
-                    let serving = serve_grpc(held(rx), service, health_service, headers, stop);
-                    tokio::join!(accepting, serving).1
+                    tokio::join!(accepting, serve_grpc(held(rx), serving, stop)).1
                 } else {
-                    per_thread_grpc(threads, grpc, bound, service, health_service, headers, stop).await
+                    per_thread_grpc(threads, grpc, bound, serving, stop).await
                 };
                 ("gRPC", r)
             });

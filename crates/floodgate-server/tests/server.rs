@@ -679,3 +679,46 @@ async fn http2_rapid_reset_floods_leave_the_service_answering() {
     }
     s.stop().await;
 }
+
+/// Issue 23, overload: beyond `max_in_flight` gRPC requests in flight, one
+/// more is answered RESOURCE_EXHAUSTED at once (and counted); every place
+/// is given back, so once the burst has passed everything is decided again.
+#[tokio::test]
+async fn grpc_requests_beyond_max_in_flight_are_shed() {
+    let s = Server::start_config("shed", |c| {
+        c.max_in_flight = 2;
+        c.grpc_threads = 1;
+    })
+    .await;
+    let g = s.grpc().await;
+    let burst: Vec<_> = (0..2_000)
+        .map(|i| {
+            let mut g = g.clone();
+            tokio::spawn(
+                async move { g.should_rate_limit(req("api", vec![desc(&[("load", &i.to_string())])], 1)).await },
+            )
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for a in burst {
+        answers.push(a.await.unwrap());
+    }
+    let shed: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    for e in &shed {
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().starts_with("overloaded: "), "{e:?}");
+    }
+    assert!(!shed.is_empty(), "2 000 requests at once on one connection, none shed");
+    assert!(shed.len() < answers.len(), "everything shed");
+    let c = http();
+    let (_, _, metrics) = call(&c, "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let line = metrics.as_str().unwrap().lines().find(|l| l.starts_with("floodgate_shed_total ")).unwrap().to_owned();
+    assert_eq!(line, format!("floodgate_shed_total {}", shed.len()));
+    // One at a time: nothing in flight is left over.
+    let mut g = g.clone();
+    for i in 0..50 {
+        let r = ask(&mut g, req("api", vec![desc(&[("load", &format!("after-{i}"))])], 1)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    s.stop().await;
+}

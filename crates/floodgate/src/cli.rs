@@ -138,6 +138,12 @@ pub(crate) struct CommonArgs {
     /// closes.
     #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_CONNECTIONS)]
     pub(crate) max_connections: usize,
+    /// gRPC requests in flight at most, counted from their arrival (shared
+    /// out among the gRPC threads); one more is answered RESOURCE_EXHAUSTED
+    /// at once, so an overloaded server answers what it accepts in bounded
+    /// time.
+    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT", default_value_t = floodgate_server::runtime::overload::DEFAULT_MAX_IN_FLIGHT)]
+    pub(crate) max_in_flight: usize,
     /// The longest an HTTP/1 client may take to send a request's head (HTTP
     /// API, admin API, proxy); then its connection is closed.
     #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT", default_value = "10s")]

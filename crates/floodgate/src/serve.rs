@@ -104,6 +104,9 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.max_keys == 0 {
         return Err(Failure::usage("--max-keys: give at least 1"));
     }
+    if args.max_in_flight == 0 {
+        return Err(Failure::usage("--max-in-flight: give at least 1"));
+    }
     if args.max_connections == 0 {
         return Err(Failure::usage("--max-connections: give at least 1"));
     }
@@ -134,6 +137,7 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         redis,
         max_keys: args.max_keys,
         max_connections: args.max_connections,
+        max_in_flight: args.max_in_flight,
         header_timeout,
         watch: !args.no_watch,
         shutdown_grace: grace,

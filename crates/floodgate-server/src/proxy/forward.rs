@@ -384,7 +384,6 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// upstream connection pool: a request, its decision and its upstream call
 /// stay on one thread (no cross-thread wakeups, the bulk of a proxy's
 /// added latency). With `0`, on the caller's runtime.
-#[allow(clippy::too_many_arguments)]
 pub async fn serve_proxy<S: Store + 'static>(
     listener: TcpListener,
     layer: RateLimitLayer<ServiceDecider<S>>,

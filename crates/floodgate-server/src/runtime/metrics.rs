@@ -85,6 +85,8 @@ pub struct Metrics {
     rules: RwLock<ByRule>,
     /// Store errors by kind: full, unavailable.
     store_errors: [AtomicU64; 2],
+    /// gRPC requests shed (too many in flight; `runtime::overload`).
+    shed: AtomicU64,
 }
 
 impl Metrics {
@@ -104,6 +106,11 @@ impl Metrics {
         };
         self.requests[p][r].fetch_add(1, Relaxed);
         self.latency[p].record(took);
+    }
+
+    /// Count one gRPC request shed for overload.
+    pub fn shed(&self) {
+        self.shed.fetch_add(1, Relaxed);
     }
 
     /// Count one rule's verdict in `domain`.
@@ -166,6 +173,9 @@ impl Metrics {
             let _ = writeln!(out, "floodgate_request_duration_seconds_sum{{protocol=\"{p}\"}} {sum}");
             let _ = writeln!(out, "floodgate_request_duration_seconds_count{{protocol=\"{p}\"}} {count}");
         }
+        out.push_str("# HELP floodgate_shed_total gRPC requests refused with RESOURCE_EXHAUSTED: too many in flight (--max-in-flight).\n");
+        out.push_str("# TYPE floodgate_shed_total counter\n");
+        let _ = writeln!(out, "floodgate_shed_total {}", self.shed.load(Relaxed));
         out.push_str(
             "# HELP floodgate_store_errors_total Store calls that failed (the rule's failure policy decided).\n",
         );

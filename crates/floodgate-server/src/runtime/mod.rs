@@ -4,6 +4,7 @@
 
 pub mod listen;
 pub mod metrics;
+pub mod overload;
 pub mod redis_region;
 pub mod regions;
 pub mod state;

@@ -45,6 +45,8 @@ pub(super) enum Protocol {
 pub(super) enum Outcome {
     Allowed,
     Denied,
+    /// Refused by an overloaded server (`RESOURCE_EXHAUSTED`, "overloaded").
+    Shed,
     Error(String),
 }
 
@@ -227,6 +229,9 @@ impl H2 {
                     .or_else(|| head.headers.get("grpc-message"))
                     .and_then(|m| m.to_str().ok())
                     .unwrap_or("");
+                if code == 8 && message.starts_with("overloaded") {
+                    return Ok(Outcome::Shed);
+                }
                 return Err(format!("gRPC status {code}: {message}"));
             }
             None => return Err("a reply without grpc-status".into()),

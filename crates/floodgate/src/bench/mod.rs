@@ -136,12 +136,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
 struct Counters {
     allowed: AtomicU64,
     denied: AtomicU64,
+    shed: AtomicU64,
     errors: AtomicU64,
 }
 
 impl Counters {
     fn total(&self) -> u64 {
-        self.allowed.load(Relaxed) + self.denied.load(Relaxed) + self.errors.load(Relaxed)
+        self.allowed.load(Relaxed) + self.denied.load(Relaxed) + self.shed.load(Relaxed) + self.errors.load(Relaxed)
     }
 }
 
@@ -159,6 +160,7 @@ impl Shared {
         match outcome {
             Outcome::Allowed => c.allowed.fetch_add(1, Relaxed),
             Outcome::Denied => c.denied.fetch_add(1, Relaxed),
+            Outcome::Shed => c.shed.fetch_add(1, Relaxed),
             Outcome::Error(e) => {
                 self.first_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
                 c.errors.fetch_add(1, Relaxed)
@@ -306,6 +308,7 @@ fn drive(plan: &Arc<Plan>, progress: bool) -> Result<Report, Failure> {
         open_loop: plan.rate.is_some(),
         allowed: c.allowed.load(Relaxed),
         denied: c.denied.load(Relaxed),
+        shed: c.shed.load(Relaxed),
         errors: c.errors.load(Relaxed),
         elapsed,
         first_error,
@@ -440,7 +443,7 @@ impl Sender {
         let sent = Instant::now();
         let reply = tokio::time::timeout(self.plan.timeout, self.client.send(&self.plan.target, n, value)).await;
         let outcome = reply.unwrap_or_else(|_| Outcome::Error(format!("no reply within {:?}", self.plan.timeout)));
-        let failed = matches!(outcome, Outcome::Error(_));
+        let failed = matches!(outcome, Outcome::Error(_) | Outcome::Shed);
         if due.is_some() && self.shared.measuring.load(Relaxed) {
             self.measured.borrow_mut().service.saturating_record(nanos(sent.elapsed()));
         }
@@ -453,7 +456,11 @@ impl Sender {
         if !self.shared.measuring.load(Relaxed) {
             return;
         }
-        self.measured.borrow_mut().latency.saturating_record(nanos(from.elapsed()));
+        // Latency is of the answers (decisions and errors); a shed request
+        // was not served, and is only counted.
+        if !matches!(outcome, Outcome::Shed) {
+            self.measured.borrow_mut().latency.saturating_record(nanos(from.elapsed()));
+        }
         self.shared.count(outcome);
     }
 }
@@ -489,6 +496,7 @@ struct Report {
     open_loop: bool,
     allowed: u64,
     denied: u64,
+    shed: u64,
     errors: u64,
     elapsed: Duration,
     first_error: Option<String>,
@@ -505,7 +513,7 @@ fn max_ms(h: &Histogram<u64>) -> f64 {
 
 impl Report {
     fn total(&self) -> u64 {
-        self.allowed + self.denied + self.errors
+        self.allowed + self.denied + self.shed + self.errors
     }
 
     fn rate(&self) -> f64 {
@@ -526,8 +534,13 @@ impl Report {
             plan.keys.describe(args.keys, &args.distribution),
             self.elapsed.as_secs_f64()
         );
-        let _ = writeln!(out, "requests   {:>10}   {:.0}/s", self.total(), self.rate());
-        let _ = writeln!(out, "allowed    {:>10}   denied {}   errors {}", self.allowed, self.denied, self.errors);
+        let decided = (self.allowed + self.denied) as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let _ = writeln!(out, "requests   {:>10}   {:.0}/s   ({decided:.0}/s decided)", self.total(), self.rate());
+        let _ = writeln!(
+            out,
+            "allowed    {:>10}   denied {}   shed {}   errors {}",
+            self.allowed, self.denied, self.shed, self.errors
+        );
         let h = &self.measured.latency;
         let _ = writeln!(
             out,
@@ -577,8 +590,10 @@ impl Report {
             "seconds": self.elapsed.as_secs_f64(),
             "requests": self.total(),
             "throughput": self.rate(),
+            "decided_per_second": (self.allowed + self.denied) as f64 / self.elapsed.as_secs_f64().max(1e-9),
             "allowed": self.allowed,
             "denied": self.denied,
+            "shed": self.shed,
             "errors": self.errors,
             "latency_ms": {
                 "p50": ms(h, 0.5), "p90": ms(h, 0.9), "p99": ms(h, 0.99), "p99.9": ms(h, 0.999),
