@@ -105,11 +105,6 @@ impl RuleSet {
             let mut parser = FileParser::new(file, &path, opts, rules);
             let domain = parser.parse(&text);
             rules = parser.rules;
-            // Where the YAML ends early (`---` and nothing more), the parser
-            // places the missing node past the last line: point at the end.
-            for e in &mut parser.errors {
-                e.pos = e.pos.within(&text);
-            }
             errors.append(&mut parser.errors);
             set.warnings.append(&mut parser.warnings);
             set.files.push(path.clone());

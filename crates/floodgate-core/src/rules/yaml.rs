@@ -33,10 +33,11 @@ impl Pos {
         Self { line: u32::try_from(m.line()).unwrap_or(u32::MAX), col: u32::try_from(m.col() + 1).unwrap_or(u32::MAX) }
     }
 
-    /// This position, or the end of `text` when it lies past it: the
-    /// parser reports an error at the end of a file with no final line
-    /// break on the line after the last, where no editor can go.
-    pub(crate) fn within(self, text: &str) -> Self {
+    /// The position just after the last character of `text`: where an
+    /// error, or a node missing at the end (`---` alone, `? `), is placed
+    /// when the parser puts it on the line after the last, where no editor
+    /// can go.
+    fn end(text: &str) -> Self {
         // YAML breaks lines at \n, \r\n and a lone \r.
         let mut line = 1u32;
         let mut col = 1u32;
@@ -49,8 +50,11 @@ impl Pos {
                 col = col.saturating_add(1);
             }
         }
-        let end = Self { line, col };
-        if (self.line, self.col) > (end.line, end.col) { end } else { self }
+        Self { line, col }
+    }
+
+    fn min(self, other: Self) -> Self {
+        if (self.line, self.col) > (other.line, other.col) { other } else { self }
     }
 }
 
@@ -125,10 +129,11 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
     let mut root: Option<Node> = None;
     let mut documents = 0;
     let err = |pos: Pos, message: String| YamlError { pos, message };
+    let end = Pos::end(text);
     for event in Parser::new_from_str(text) {
         let (event, span) =
-            event.map_err(|e| err(Pos::at(e.marker()).within(text), format!("YAML syntax error: {}", e.info())))?;
-        let pos = Pos::of(&span);
+            event.map_err(|e| err(Pos::at(e.marker()).min(end), format!("YAML syntax error: {}", e.info())))?;
+        let pos = Pos::of(&span).min(end);
         let (node, anchor) = match event {
             Event::DocumentStart(_) => {
                 documents += 1;
@@ -244,17 +249,20 @@ mod tests {
         assert!(e.message.starts_with("YAML syntax error"), "{e:?}");
         assert_eq!(e.pos, Pos { line: 2, col: 6 });
         // A lone \r breaks a line, as YAML says.
-        assert_eq!(Pos { line: 9, col: 9 }.within("a\rb\r\nc"), Pos { line: 3, col: 2 });
-        assert_eq!(Pos { line: 1, col: 2 }.within("ab\n"), Pos { line: 1, col: 2 });
+        assert_eq!(Pos { line: 9, col: 9 }.min(Pos::end("a\rb\r\nc")), Pos { line: 3, col: 2 });
+        assert_eq!(Pos { line: 1, col: 2 }.min(Pos::end("ab\n")), Pos { line: 1, col: 2 });
     }
 
     /// Found by the `rules` fuzz target: a file of `---` alone was told it
-    /// lacks a mapping on line 2, which it does not have.
+    /// lacks a mapping on line 2, which it does not have; so were an
+    /// override's limits of `? ` alone.
     #[test]
     fn fuzz_an_empty_document_points_inside_the_file() {
         let e = crate::rules::RuleSet::from_yaml("t.yaml", "---").unwrap_err();
         assert_eq!(e.0[0].pos, Pos { line: 1, col: 4 }, "{e}");
         assert!(e.to_string().starts_with("t.yaml:1:4: "), "{e}");
+        let e = crate::rules::parse_limits("override", "? ", "k").unwrap_err();
+        assert!(e.0.iter().all(|e| e.pos.line <= 1), "{e}");
     }
 
     #[test]
