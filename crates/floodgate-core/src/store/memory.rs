@@ -78,7 +78,15 @@ struct ShardInner {
     sweep_at_s: u32,
     /// When the last sweep ran: a full shard sweeps at most once a second.
     swept_s: u32,
+    /// Sweeps in a row that left the table under a quarter full: it shrinks
+    /// after [`SPARSE_SWEEPS`] of them, not at the first, so keys that
+    /// expire together and come back (a window's worth of clients) do not
+    /// shrink and regrow it every window (that churn fragmented the heap).
+    sparse_sweeps: u8,
 }
+
+/// Sweeps in a row under a quarter full before a table shrinks.
+const SPARSE_SWEEPS: u8 = 6;
 
 /// One key: 64 bytes, one cache line.
 #[repr(align(64))]
@@ -162,6 +170,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                         sweep_at_len: MIN_SWEEP_LEN,
                         sweep_at_s: 0,
                         swept_s: 0,
+                        sparse_sweeps: 0,
                     }))
                 })
                 .collect(),
@@ -465,7 +474,13 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
     }
     let len = shard.table.len();
     if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-        shard.table.shrink_to(2 * len, rehash);
+        shard.sparse_sweeps = shard.sparse_sweeps.saturating_add(1);
+        if shard.sparse_sweeps >= SPARSE_SWEEPS {
+            shard.table.shrink_to(2 * len, rehash);
+            shard.sparse_sweeps = 0;
+        }
+    } else {
+        shard.sparse_sweeps = 0;
     }
     shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
     shard.sweep_at_s = now_s.saturating_add(SWEEP_INTERVAL_S);
