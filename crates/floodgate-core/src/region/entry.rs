@@ -270,17 +270,14 @@ impl Entry {
         let slot = self.slot_mut(cur, peers);
         slot.own = slot.own.saturating_add(hits);
         self.unsent = self.unsent.saturating_add(hits);
-        // Over-admission can only happen at the limit. A key whose hits not
-        // yet sent are less than its share of what is left, `remaining /
-        // (2 × regions)`, cannot bring any region past the limit however
-        // late they arrive, so it may wait for the lazy period; otherwise,
-        // and for bounded rules (acknowledgements free the slice) or while
-        // warming, it goes at the next batch.
-        let regions = u128::from(u64::try_from(caps.regions).unwrap_or(u64::MAX));
+        // A key far below its limit may wait for the lazy period
+        // (`lazy::can_wait`); otherwise, and for bounded rules
+        // (acknowledgements free the slice), while warming or while a link
+        // fails, it goes at the next batch.
         let urgent = matches!(mode, SyncMode::Bounded { .. })
             || caps.warming
             || caps.eager
-            || u128::from(self.unsent) * 2 * regions >= u128::from(d.remaining);
+            || !super::lazy::can_wait(self.unsent, d.remaining, caps.regions);
         (d, if urgent { Send::Now } else { Send::Later })
     }
 

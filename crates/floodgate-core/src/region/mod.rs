@@ -10,6 +10,7 @@
 
 mod entry;
 pub mod goals;
+mod lazy;
 mod scope;
 pub mod sim;
 mod table;
@@ -18,6 +19,7 @@ mod tests;
 mod wire;
 
 pub use entry::{fingerprint, shape_of};
+pub use lazy::{Lazy, can_wait};
 pub use scope::{MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
 pub use table::{
     BatchHead, BatchSink, GlobalTable, LinkStats, MAX_PEERS, Receipt, RegionConfig, TableStats, is_global,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::region::entry::{Caps, Entry, Send, shape_of};
 use crate::region::wire::{Ack, Batch, Component, Item, Shape};
-use crate::region::{Scope, SyncMode};
+use crate::region::{Lazy, Scope, SyncMode};
 use crate::{Decision, Limit, StoreError};
 
 /// Most peer regions.
@@ -195,10 +195,8 @@ pub struct GlobalTable {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     links: Box<[Mutex<Link>]>,
-    /// Keys whose own hits wait for the lazy period: (since, key).
-    lazy: Mutex<VecDeque<(u64, Arc<str>)>>,
-    /// Links whose last batch failed: while any do, nothing is lazy.
-    failing_links: std::sync::atomic::AtomicUsize,
+    /// Keys whose own hits wait for the lazy period, and failing links.
+    lazy: Lazy<Arc<str>>,
     warming: AtomicBool,
     merges: AtomicU64,
     unchanged: AtomicU64,
@@ -278,8 +276,7 @@ impl GlobalTable {
             shards,
             hasher: foldhash::fast::RandomState::default(),
             links,
-            lazy: Mutex::new(VecDeque::new()),
-            failing_links: std::sync::atomic::AtomicUsize::new(0),
+            lazy: Lazy::new(cfg.lazy_us),
             cfg,
             merges: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
@@ -326,7 +323,7 @@ impl GlobalTable {
             regions: self.regions(),
             warming: self.warming(),
             retry_us: self.cfg.retry_hint_us,
-            eager: self.failing_links.load(Ordering::Acquire) > 0,
+            eager: self.lazy.eager(),
         }
     }
 
@@ -351,7 +348,7 @@ impl GlobalTable {
                 Send::Later if !entry.lazy => {
                     if let Some(name) = entry.name.clone() {
                         entry.lazy = true;
-                        lock(&self.lazy).push_back((now, name));
+                        self.lazy.wait(now, name);
                     }
                 }
                 Send::Later | Send::No => {}
@@ -696,18 +693,12 @@ impl GlobalTable {
 
     /// Queue the keys whose lazy period is over.
     fn flush_lazy(&self, now: u64) {
-        let due: Vec<Arc<str>> = {
-            let mut lazy = lock(&self.lazy);
-            let mut due = Vec::new();
-            while lazy.front().is_some_and(|(since, _)| since.saturating_add(self.cfg.lazy_us) <= now) {
-                // (now = u64::MAX: everything.)
-                if let Some((_, k)) = lazy.pop_front() {
-                    due.push(k);
-                }
-            }
-            due
-        };
-        for key in due {
+        self.queue_lazy(self.lazy.due(now));
+    }
+
+    /// Queue `keys` from the lazy list, those still waiting.
+    fn queue_lazy(&self, keys: Vec<Arc<str>>) {
+        for key in keys {
             let mut shard = lock(self.shard(&key));
             if let Some(e) = shard.get_mut(&*key)
                 && e.lazy
@@ -777,12 +768,7 @@ impl GlobalTable {
     /// nothing is lazy (and what was waiting goes now): a healed link then
     /// finds every change already queued.
     fn link_failing(&self, started: bool) {
-        if started {
-            self.failing_links.fetch_add(1, Ordering::AcqRel);
-            self.flush_lazy(u64::MAX);
-        } else {
-            self.failing_links.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.queue_lazy(self.lazy.link_failing(started));
     }
 
     /// Peer `p` acknowledged a batch at `now`. A new incarnation of the

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floodgate_core::region::{Ack, Batch, Item, LinkStats, Receipt, SyncMode, TableStats};
+use floodgate_core::region::{Ack, Batch, Item, Lazy, LinkStats, Receipt, SyncMode, TableStats, can_wait};
 use floodgate_core::{Clock, SystemClock};
 use floodgate_redis::{RedisStore, RegionCtx};
 
@@ -89,11 +89,9 @@ pub struct RedisRegion {
     /// Per key of an eventual limit waiting in `lazy`: own hits not yet
     /// queued.
     pending: Mutex<HashMap<String, u64>>,
-    /// Keys waiting to be queued, oldest first, with when they began to.
-    lazy: Mutex<VecDeque<(u64, String)>>,
-    failing_links: AtomicU64,
+    /// Keys waiting to be queued, and failing links.
+    lazy: Lazy<String>,
     interval_us: u64,
-    lazy_us: u64,
     ack_timeout_us: u64,
     last_state_us: AtomicU64,
     /// What this instance's merges did (`keys` stays 0: they are in Redis).
@@ -123,10 +121,8 @@ impl RedisRegion {
             warming,
             seq: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
-            lazy: Mutex::new(VecDeque::new()),
-            failing_links: AtomicU64::new(0),
+            lazy: Lazy::new(10 * interval_us),
             interval_us,
-            lazy_us: 10 * interval_us,
             ack_timeout_us: 2_000_000,
             last_state_us: AtomicU64::new(0),
             merges: Mutex::new(TableStats::default()),
@@ -177,8 +173,7 @@ impl RedisRegion {
     /// `floodgate_core::region`).
     pub fn touched(&self, key: &str, mode: SyncMode, hits: u64, remaining: u64) {
         let bounded = matches!(mode, SyncMode::Bounded { .. });
-        let regions = u128::from(self.peers.len() as u64 + 1);
-        if bounded || self.warming.load(Ordering::Acquire) || self.failing_links.load(Ordering::Acquire) > 0 {
+        if bounded || self.warming.load(Ordering::Acquire) || self.lazy.eager() {
             lock(&self.pending).remove(key);
             self.queue(key, bounded);
             return;
@@ -194,13 +189,13 @@ impl RedisRegion {
                 (hits, true)
             }
         };
-        if u128::from(unsent) * 2 * regions >= u128::from(remaining) {
+        if !can_wait(unsent, remaining, self.peers.len() + 1) {
             pending.remove(key);
             drop(pending);
             self.queue(key, false);
         } else if new {
             drop(pending);
-            lock(&self.lazy).push_back((self.clock.now_us(), key.to_owned()));
+            self.lazy.wait(self.clock.now_us(), key.to_owned());
         }
     }
 
@@ -221,18 +216,9 @@ impl RedisRegion {
         }
     }
 
-    fn flush_lazy(&self, now: u64) {
-        let due: Vec<String> = {
-            let mut lazy = lock(&self.lazy);
-            let mut due = Vec::new();
-            while lazy.front().is_some_and(|(since, _)| since.saturating_add(self.lazy_us) <= now) {
-                if let Some((_, k)) = lazy.pop_front() {
-                    due.push(k);
-                }
-            }
-            due
-        };
-        for k in due {
+    /// Queue `keys` from the lazy list, those still waiting.
+    fn queue_lazy(&self, keys: Vec<String>) {
+        for k in keys {
             // Gone when an urgent touch has queued it since.
             if lock(&self.pending).remove(&k).is_some() {
                 self.queue(&k, false);
@@ -277,12 +263,7 @@ impl RedisRegion {
     }
 
     fn link_failing(&self, started: bool) {
-        if started {
-            self.failing_links.fetch_add(1, Ordering::AcqRel);
-            self.flush_lazy(u64::MAX);
-        } else {
-            self.failing_links.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.queue_lazy(self.lazy.link_failing(started));
     }
 
     fn requeue(&self, p: usize, f: InFlight) {
@@ -377,7 +358,7 @@ impl floodgate_sync::Region for RedisRegion {
 
     async fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
         self.refresh(now).await;
-        self.flush_lazy(now);
+        self.queue_lazy(self.lazy.due(now));
         let incarnation = self.incarnation();
         if incarnation == 0 {
             return None;
