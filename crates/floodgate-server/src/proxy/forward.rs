@@ -37,14 +37,13 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_layer::Layer;
-use tower_service::Service as _;
 
 use crate::proxy::upstream::Pool;
-use crate::runtime::listen::{ConnLimit, Handed, Held, accept};
+use crate::runtime::listen::{ConnLimit, Handed, accept, serve_http};
 use crate::runtime::metrics::Protocol;
 use crate::runtime::threads;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
@@ -410,39 +409,13 @@ pub async fn serve_proxy<S: Store + 'static>(
 /// Serve the connections from `incoming` on this runtime until `stop` or
 /// the end of `incoming`; then let open connections finish their requests.
 async fn serve_connections<S: Store + 'static>(
-    mut incoming: Handed,
+    incoming: Handed,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
     header_timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let svc = layer.layer(forward);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    loop {
-        let (io, peer, permit) = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            next = incoming.recv() => match next {
-                Some(conn) => conn,
-                None => break,
-            },
-        };
-        let Ok(io) = Held::new(io, permit) else { continue };
-        let svc = svc.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-            req.extensions_mut().insert(PeerAddr(peer));
-            svc.clone().call(req)
-        });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "proxy connection ended with an error");
-            }
-        });
-    }
-    graceful.shutdown().await;
+    serve_http(incoming, layer.layer(forward), header_timeout, stop, "proxy").await;
     Ok(())
 }
 

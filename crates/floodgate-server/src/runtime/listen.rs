@@ -14,13 +14,13 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use floodgate_tower::PeerAddr;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tower_service::Service as _;
 
 /// Connections a listener holds open at most, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -153,27 +153,55 @@ pub(crate) async fn serve_router(
     header_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let (tx, mut rx) = unbounded_channel();
+    let (tx, rx) = unbounded_channel();
     let accepting = accept(listener, vec![tx], bound, stop.clone());
-    let serving = async move {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-        builder.http2().timer(TokioTimer::new());
-        // Ends when accepting stops (at `stop`).
-        while let Some((io, peer, permit)) = rx.recv().await {
-            let Ok(io) = Held::new(io, permit) else { continue };
-            let router = router.clone();
-            let service = hyper::service::service_fn(move |req: http::Request<Incoming>| router.clone().call(req));
-            let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
-                }
-            });
-        }
-        graceful.shutdown().await;
-    };
-    tokio::join!(accepting, serving);
+    tokio::join!(accepting, serve_http(rx, router, header_timeout, stop, "HTTP"));
     Ok(())
+}
+
+/// Serve the connections from `incoming` on this runtime with `service`
+/// (each request carrying its peer's address as a [`PeerAddr`] extension),
+/// HTTP/1 heads due within `header_timeout`, until `stop` or the end of
+/// `incoming`; then let open connections finish their requests. `what`
+/// names them in the log.
+pub(crate) async fn serve_http<S, B>(
+    mut incoming: Handed,
+    service: S,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+    what: &'static str,
+) where
+    S: tower_service::Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    loop {
+        let (io, peer, permit) = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            next = incoming.recv() => match next {
+                Some(conn) => conn,
+                None => break,
+            },
+        };
+        let Ok(io) = Held::new(io, permit) else { continue };
+        let service = service.clone();
+        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            service.clone().call(req)
+        });
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "{what} connection ended with an error");
+            }
+        });
+    }
+    graceful.shutdown().await;
 }
