@@ -29,7 +29,7 @@ use crate::protocol::headers::HeaderMode;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
-use crate::runtime::listen::{ConnLimit, Handed, Held, accept, serve_router};
+use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, accept, serve_router};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::overload::ShedLayer;
 use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
@@ -78,6 +78,9 @@ pub struct Config {
     /// The longest an HTTP/1 client may take to send a request's head
     /// (HTTP API, admin API, proxy); then its connection is closed.
     pub header_timeout: Duration,
+    /// HTTP/2 streams (requests) a client may have open on one connection
+    /// at once, on every listener.
+    pub max_streams: u32,
     /// The reverse proxy, when one is served.
     pub proxy: Option<ProxyConfig>,
     /// This instance's region and its peers, when limits are shared across
@@ -103,6 +106,7 @@ impl Default for Config {
             grpc_threads: 0,
             max_connections: crate::runtime::listen::DEFAULT_MAX_CONNECTIONS,
             header_timeout: crate::runtime::listen::DEFAULT_HEADER_TIMEOUT,
+            max_streams: crate::runtime::listen::DEFAULT_MAX_STREAMS,
             max_in_flight: crate::runtime::overload::DEFAULT_MAX_IN_FLIGHT,
             proxy: None,
             regions: None,
@@ -146,6 +150,7 @@ struct Grpc {
     health: Health,
     headers: HeaderMode,
     max_in_flight: usize,
+    max_streams: u32,
 }
 
 /// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
@@ -157,6 +162,7 @@ where
 {
     let shed = ShedLayer::new(grpc.max_in_flight, grpc.service.metrics().clone());
     tonic::transport::Server::builder()
+        .max_concurrent_streams(grpc.max_streams)
         .layer(shed)
         .add_service(grpc.health)
         .add_service(Rls::server(grpc.service, grpc.headers))
@@ -385,6 +391,7 @@ impl Bound {
             None
         };
         let draining = Arc::new(AtomicBool::new(false));
+        let options = ConnOptions { header_timeout: config.header_timeout, max_streams: config.max_streams };
         let (stop_tx, stop_rx) = watch::channel(false);
         // Every server is one task naming itself; the first to stop on its
         // own (a failure) stops the rest.
@@ -404,6 +411,7 @@ impl Bound {
                 health: health_service,
                 headers: config.headers,
                 max_in_flight: config.max_in_flight,
+                max_streams: config.max_streams,
             };
             let (stop, threads) = (stop_rx.clone(), config.grpc_threads);
             let bound = ConnLimit::new(config.max_connections);
@@ -423,12 +431,12 @@ impl Bound {
                 Arc::new(HttpState { service: service.clone(), headers: config.headers, draining: draining.clone() });
             let router = http::router(state, config.body_limit);
             let bound = ConnLimit::new(config.max_connections);
-            let serving = serve_router(http, router, bound, config.header_timeout, stop_rx.clone());
+            let serving = serve_router(http, router, bound, options, stop_rx.clone());
             servers.spawn(async move { ("HTTP", serving.await) });
         }
         let admin_state = Arc::new(AdminState { service: service.clone(), token: config.admin_token.clone() });
         let bound = ConnLimit::new(config.max_connections);
-        let serving = serve_router(admin, admin::router(admin_state), bound, config.header_timeout, stop_rx.clone());
+        let serving = serve_router(admin, admin::router(admin_state), bound, options, stop_rx.clone());
         servers.spawn(async move { ("admin", serving.await) });
         if let (Some(listener), Some(p)) = (proxy, &config.proxy) {
             let decider = ServiceDecider::new(service.clone(), p.domain.clone());
@@ -438,8 +446,7 @@ impl Bound {
                 .max_held(p.max_held);
             let forward = Forward::new(p.upstream.clone(), p.upstream_timeout);
             let bound = ConnLimit::new(config.max_connections);
-            let serving =
-                serve_proxy(listener, layer, forward, config.header_timeout, bound, stop_rx.clone(), p.threads);
+            let serving = serve_proxy(listener, layer, forward, options, bound, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });
         }
         // With Redis, overrides are shared: keep this instance in step.

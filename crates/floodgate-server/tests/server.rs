@@ -680,6 +680,56 @@ async fn http2_rapid_reset_floods_leave_the_service_answering() {
     s.stop().await;
 }
 
+/// Issue 23, overload: an HTTP/2 client may hold at most `max_streams`
+/// requests open on one connection, on the gRPC listener and the HTTP one:
+/// the server says so in its SETTINGS, and a client at the bound must wait
+/// before it opens another, so an overloaded server's queue stays short
+/// however many requests each client has to send.
+#[tokio::test]
+async fn http2_clients_are_held_to_max_streams_per_connection() {
+    let s = Server::start_config("streams", |c| c.max_streams = 4).await;
+    for (addr, path) in
+        [(s.grpc, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"), (s.http, "/v1/check")]
+    {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let request = || {
+            http::Request::builder()
+                .method("POST")
+                .uri(format!("http://{addr}{path}"))
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap()
+        };
+        // One request answered: the server's SETTINGS have arrived by then.
+        let mut client = client.ready().await.unwrap();
+        let (first, _) = client.send_request(request(), true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), first).await.expect("answered").unwrap();
+        // Requests whose bodies never end: each holds its stream open.
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            client = client.ready().await.unwrap();
+            open.push(client.send_request(request(), false).unwrap());
+        }
+        assert_eq!(client.current_max_send_streams(), 4, "{addr}: the server's SETTINGS");
+        // A fifth waits: it is not answered while the four are held...
+        client = client.ready().await.unwrap();
+        let (mut fifth, _) = client.send_request(request(), true).unwrap();
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut fifth).await;
+        assert!(early.is_err(), "{addr}: a fifth stream was served beside four held ones: {early:?}");
+        // ... and is, once one of them ends.
+        let (held, mut held_body) = open.remove(0);
+        held_body.send_data(bytes::Bytes::new(), true).unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(5), held).await.expect("the held one is answered");
+        let answered = tokio::time::timeout(Duration::from_secs(5), fifth).await.expect("the fifth is answered");
+        assert!(answered.is_ok(), "{addr}: {answered:?}");
+        drop((open, client));
+        driver.abort();
+    }
+    s.stop().await;
+}
+
 /// Issue 23, overload: beyond `max_in_flight` gRPC requests in flight, one
 /// more is answered RESOURCE_EXHAUSTED at once (and counted); every place
 /// is given back, so once the burst has passed everything is decided again.

@@ -148,6 +148,11 @@ pub(crate) struct CommonArgs {
     /// API, admin API, proxy); then its connection is closed.
     #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT", default_value = "10s")]
     pub(crate) header_timeout: String,
+    /// HTTP/2 requests a client may have open on one connection at once
+    /// (every listener; gRPC included). A client at the bound waits to open
+    /// more, so an overloaded server's queue stays short.
+    #[arg(long, env = "FLOODGATE_MAX_STREAMS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_STREAMS)]
+    pub(crate) max_streams: u32,
     /// File where runtime overrides persist, or `none` to disable them
     /// (default: STATE_DIR/INSTANCE/overrides.redb).
     #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]

@@ -110,6 +110,9 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.max_connections == 0 {
         return Err(Failure::usage("--max-connections: give at least 1"));
     }
+    if args.max_streams == 0 {
+        return Err(Failure::usage("--max-streams: give at least 1"));
+    }
     let header_timeout = duration("header-timeout", &args.header_timeout)?;
     let admin_addr = addr("admin-addr", &args.admin_addr)?;
     let overrides = match args.overrides_file.as_deref() {
@@ -139,6 +142,7 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         max_connections: args.max_connections,
         max_in_flight: args.max_in_flight,
         header_timeout,
+        max_streams: args.max_streams,
         watch: !args.no_watch,
         shutdown_grace: grace,
         ..Config::default()

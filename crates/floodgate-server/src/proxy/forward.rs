@@ -43,7 +43,7 @@ use tokio::sync::watch;
 use tower_layer::Layer;
 
 use crate::proxy::upstream::Pool;
-use crate::runtime::listen::{ConnLimit, Handed, accept, serve_http};
+use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, accept, serve_http};
 use crate::runtime::metrics::Protocol;
 use crate::runtime::threads;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
@@ -387,21 +387,21 @@ pub async fn serve_proxy<S: Store + 'static>(
     listener: TcpListener,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
-    header_timeout: Duration,
+    options: ConnOptions,
     bound: ConnLimit,
     stop: watch::Receiver<bool>,
     threads: usize,
 ) -> Result<(), String> {
     if threads == 0 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let serving = serve_connections(rx, layer, forward, header_timeout, stop.clone());
+        let serving = serve_connections(rx, layer, forward, options, stop.clone());
         let accepting = accept(listener, vec![tx], bound, stop);
         let ((), served) = tokio::join!(accepting, serving);
         return served;
     }
     let serve_stop = stop.clone();
     threads::on_threads(threads, "proxy", listener, bound, stop, move |handed| {
-        serve_connections(handed, layer.clone(), forward.with_own_pool(), header_timeout, serve_stop.clone())
+        serve_connections(handed, layer.clone(), forward.with_own_pool(), options, serve_stop.clone())
     })
     .await
 }
@@ -412,10 +412,10 @@ async fn serve_connections<S: Store + 'static>(
     incoming: Handed,
     layer: RateLimitLayer<ServiceDecider<S>>,
     forward: Forward,
-    header_timeout: Duration,
+    options: ConnOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
-    serve_http(incoming, layer.layer(forward), header_timeout, stop, "proxy").await;
+    serve_http(incoming, layer.layer(forward), options, stop, "proxy").await;
     Ok(())
 }
 

@@ -3,8 +3,9 @@
 //! the bound it stops accepting until one closes, so further clients wait
 //! in the kernel's backlog instead of taking descriptors and memory. HTTP/1
 //! clients must send a request's head within `--header-timeout` (a slow
-//! client trickling headers is cut off); HTTP/2's resets and stream floods
-//! are bounded by h2's own limits (hyper's defaults).
+//! client trickling headers is cut off); an HTTP/2 client may have at most
+//! `--max-streams` requests open on one connection, and its resets are
+//! bounded by h2's own limits (hyper's defaults).
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,6 +27,21 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// How long an HTTP/1 client may take to send a request's head, by default.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 streams (requests) a client may have open on one connection at
+/// once, by default (nginx's `http2_max_concurrent_streams`). The bound is
+/// what keeps an overloaded server's queue short: a client at it waits to
+/// open more (Envoy opens another connection or times the request out and
+/// applies its failure mode) instead of piling requests into the socket.
+pub const DEFAULT_MAX_STREAMS: u32 = 128;
+
+/// What every HTTP connection of a listener is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnOptions {
+    /// The longest an HTTP/1 client may take to send a request's head.
+    pub header_timeout: Duration,
+    /// HTTP/2 streams open at once on one connection, at most.
+    pub max_streams: u32,
+}
 
 /// One listener's bound on open connections: a permit per connection,
 /// given back when it closes.
@@ -144,30 +160,29 @@ impl tonic::transport::server::Connected for Held {
 }
 
 /// Serve `router` (the HTTP or the admin API) on `listener`, bounded by
-/// `bound` and `header_timeout`, until `stop`; then stop accepting and let
-/// open connections finish their requests.
+/// `bound` and `options`, until `stop`; then stop accepting and let open
+/// connections finish their requests.
 pub(crate) async fn serve_router(
     listener: TcpListener,
     router: Router,
     bound: ConnLimit,
-    header_timeout: Duration,
+    options: ConnOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let (tx, rx) = unbounded_channel();
     let accepting = accept(listener, vec![tx], bound, stop.clone());
-    tokio::join!(accepting, serve_http(rx, router, header_timeout, stop, "HTTP"));
+    tokio::join!(accepting, serve_http(rx, router, options, stop, "HTTP"));
     Ok(())
 }
 
 /// Serve the connections from `incoming` on this runtime with `service`
 /// (each request carrying its peer's address as a [`PeerAddr`] extension),
-/// HTTP/1 heads due within `header_timeout`, until `stop` or the end of
-/// `incoming`; then let open connections finish their requests. `what`
-/// names them in the log.
+/// held to `options`, until `stop` or the end of `incoming`; then let open
+/// connections finish their requests. `what` names them in the log.
 pub(crate) async fn serve_http<S, B>(
     mut incoming: Handed,
     service: S,
-    header_timeout: Duration,
+    options: ConnOptions,
     mut stop: watch::Receiver<bool>,
     what: &'static str,
 ) where
@@ -180,8 +195,8 @@ pub(crate) async fn serve_http<S, B>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(options.header_timeout).keep_alive(true);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(options.max_streams);
     loop {
         let (io, peer, permit) = tokio::select! {
             _ = stop.wait_for(|s| *s) => break,

@@ -407,7 +407,11 @@ fn sender_thread(
                     let e = format!(
                         "over {MAX_WAITING} requests waiting for a free slot: the server cannot keep up with --rate"
                     );
-                    sender.record(due.at, Outcome::Error(e));
+                    // The generator's own queue overflowed: counted, but it
+                    // has no latency to add (nothing was sent).
+                    if measuring {
+                        sender.shared.count(Outcome::Error(e));
+                    }
                     continue;
                 }
                 sender.queue.borrow_mut().push_back(due);
