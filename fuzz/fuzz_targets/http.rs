@@ -52,7 +52,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         }),
         64 * 1024,
     );
-    let admin = admin::router(Arc::new(AdminState { service, token: Some("fuzz-token".into()) }));
+    let admin = admin::router(Arc::new(AdminState { service, token: Some("fuzz-token".into()), draining: Default::default() }));
     Fixture { rt: common::runtime(), api, admin }
 });
 

@@ -40,6 +40,12 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
     fn regions_count(&self) -> usize {
         0
     }
+
+    /// What the store reports of itself for the dashboard (kind, keys,
+    /// Redis's breaker and counters).
+    fn store_health(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
 
 impl Backend for MemoryStore<SystemClock> {
@@ -70,5 +76,14 @@ impl Backend for MemoryStore<SystemClock> {
 
     fn sweep(&self) {
         MemoryStore::sweep(self);
+    }
+
+    fn store_health(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kind": "memory",
+            "keys": self.len(),
+            "max_keys": self.max_keys(),
+            "evictions": self.evictions(),
+        })
     }
 }

@@ -81,6 +81,8 @@ pub struct Config {
     /// HTTP/2 streams (requests) a client may have open on one connection
     /// at once, on every listener.
     pub max_streams: u32,
+    /// Keep the dashboard's data (per-rule charts and top keys).
+    pub dashboard: bool,
     /// The reverse proxy, when one is served.
     pub proxy: Option<ProxyConfig>,
     /// This instance's region and its peers, when limits are shared across
@@ -107,6 +109,7 @@ impl Default for Config {
             max_connections: crate::runtime::listen::DEFAULT_MAX_CONNECTIONS,
             header_timeout: crate::runtime::listen::DEFAULT_HEADER_TIMEOUT,
             max_streams: crate::runtime::listen::DEFAULT_MAX_STREAMS,
+            dashboard: true,
             max_in_flight: crate::runtime::overload::DEFAULT_MAX_IN_FLIGHT,
             proxy: None,
             regions: None,
@@ -308,7 +311,12 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
         ),
     };
     let local = MemoryStore::builder().max_keys(config.max_keys).build();
-    let service = Arc::new(Service::new(rules, overrides, Limiter::new(store, local), Arc::new(Metrics::new())));
+    let service = Arc::new(Service::new(
+        rules,
+        overrides,
+        Limiter::new(store, local),
+        Arc::new(Metrics::with_dashboard(config.dashboard)),
+    ));
     Ok(Prepared { config, service })
 }
 
@@ -434,7 +442,11 @@ impl Bound {
             let serving = serve_router(http, router, bound, options, stop_rx.clone());
             servers.spawn(async move { ("HTTP", serving.await) });
         }
-        let admin_state = Arc::new(AdminState { service: service.clone(), token: config.admin_token.clone() });
+        let admin_state = Arc::new(AdminState {
+            service: service.clone(),
+            token: config.admin_token.clone(),
+            draining: draining.clone(),
+        });
         let bound = ConnLimit::new(config.max_connections);
         let serving = serve_router(admin, admin::router(admin_state), bound, options, stop_rx.clone());
         servers.spawn(async move { ("admin", serving.await) });
@@ -472,6 +484,18 @@ impl Bound {
                 }
             })
         };
+        // The dashboard's second (nothing when it is off).
+        let ticker = {
+            let metrics = service.metrics().clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while metrics.dashboard().is_on() {
+                    tick.tick().await;
+                    metrics.tick();
+                }
+            })
+        };
         let show = |a: Option<SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
         tracing::info!(
             grpc_addr = %show(grpc_addr),
@@ -497,6 +521,7 @@ impl Bound {
         health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
         sweeper.abort();
+        ticker.abort();
         if let Some(s) = sharing {
             s.abort();
         }

@@ -11,6 +11,7 @@ use floodgate_core::{Algorithm, Decision, Limit, Store};
 
 use crate::rules::overrides::{Override, Overrides};
 use crate::rules::reload::Rules;
+use crate::runtime::dashboard::KeyRef;
 use crate::runtime::metrics::{Metrics, Protocol};
 
 /// Most descriptors one request may carry (envoy sends a handful).
@@ -254,8 +255,9 @@ impl<S: Store> Service<S> {
         checks: &[RuleCheck<'_>],
         outcome: &Outcome,
     ) -> Answer {
-        for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
-            self.metrics.verdict(&req.domain, check.rule, verdict);
+        for ((d, _, _), (check, verdict)) in planned.iter().zip(checks.iter().zip(&outcome.verdicts)) {
+            let key = KeyRef { counter_key: check.key, entries: &req.descriptors[*d].entries };
+            self.metrics.verdict(&req.domain, check.rule, verdict, key, check.hits);
         }
         // `plan` lists each descriptor's checks together, in descriptor order.
         let statuses = (0..req.descriptors.len())

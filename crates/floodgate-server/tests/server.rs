@@ -772,3 +772,139 @@ async fn grpc_requests_beyond_max_in_flight_are_shed() {
     }
     s.stop().await;
 }
+
+/// Issue 25, the dashboard: the page and its assets need no token and come
+/// with a strict CSP; its data needs the token and shows, per rule,
+/// decisions per second and the heaviest keys (by hits and by denials),
+/// once as JSON and streamed a line a second.
+#[tokio::test]
+async fn dashboard_shows_rule_rates_and_top_keys_behind_the_token() {
+    let s = Server::start("dashboard", Some("s3cret")).await;
+    let c = http();
+    let url = |p: &str| format!("http://{}{p}", s.admin);
+    for (path, kind) in
+        [("/dashboard", "text/html"), ("/dashboard/app.js", "text/javascript"), ("/dashboard/app.css", "text/css")]
+    {
+        let (st, h, _) = call(&c, "GET", url(path), "", None).await;
+        assert_eq!(st, 200, "{path}");
+        assert!(h["content-type"].to_str().unwrap().starts_with(kind), "{path}: {h:?}");
+        assert!(h["content-security-policy"].to_str().unwrap().contains("default-src 'none'"), "{path}");
+    }
+    for path in ["/admin/v1/dashboard", "/admin/v1/dashboard/stream"] {
+        let (st, _, _) = call(&c, "GET", url(path), "", None).await;
+        assert_eq!(st, 401, "{path} without the token");
+    }
+    // A flood from one user among a few others: 3 a minute each, so most of
+    // the flood is denied.
+    let mut g = s.grpc().await;
+    for i in 0..40 {
+        let user = if i % 4 == 0 { format!("u{i}") } else { "flooder".to_owned() };
+        ask(&mut g, req("api", vec![desc(&[("user", &user)])], 1)).await;
+    }
+    let auth = Some("s3cret");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rule = loop {
+        let (st, _, v) = call(&c, "GET", url("/admin/v1/dashboard?top=3"), "", auth).await;
+        assert_eq!(st, 200, "{v}");
+        let rule = v["dashboard"]["rules"].as_array().unwrap().iter().find(|r| r["rule"] == "per_user").cloned();
+        let rule = rule.unwrap_or_default();
+        let denied: u64 =
+            rule["per_second"]["denied"].as_array().map_or(0, |a| a.iter().map(|x| x.as_u64().unwrap()).sum());
+        if denied > 0 {
+            break rule;
+        }
+        assert!(Instant::now() < deadline, "no second with denials in the history within 10 s: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(rule["domain"], "api");
+    assert_eq!(rule["totals"]["allowed"].as_u64().unwrap() + rule["totals"]["denied"].as_u64().unwrap(), 40);
+    assert_eq!(rule["top_hits"]["keys"][0]["key"], "user=flooder", "{rule}");
+    assert_eq!(rule["top_hits"]["keys"][0]["count"], 30);
+    assert_eq!(rule["top_hits"]["keys"].as_array().unwrap().len(), 3, "top=3");
+    assert_eq!(rule["top_denials"]["keys"][0]["key"], "user=flooder");
+    assert_eq!(rule["top_denials"]["keys"][0]["count"], 27);
+    assert_eq!(rule["top_hits"]["bound"], 0, "fewer keys than counters: exact");
+    let (st, _, v) = call(&c, "GET", url("/admin/v1/dashboard?top=1000"), "", auth).await;
+    assert_eq!((st, &v["field"]), (400, &json!("top")), "{v}");
+
+    // The stream: a JSON line a second, with the token.
+    let resp = c
+        .request(
+            hyper::Request::get(url("/admin/v1/dashboard/stream"))
+                .header("authorization", "Bearer s3cret")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    let mut lines = 0;
+    while lines < 2 {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("a line a second");
+        buf.extend_from_slice(&frame.unwrap().unwrap().into_data().unwrap());
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Value = serde_json::from_slice(&buf[..nl]).unwrap();
+            assert!(
+                line["dashboard"]["rules"].is_array() && line["status"]["store"]["round_trip_ms"].is_number(),
+                "{line}"
+            );
+            buf.drain(..=nl);
+            lines += 1;
+        }
+    }
+    drop(body);
+    s.stop().await;
+}
+
+/// Issue 25: per-key limits are listed a page at a time, by domain and
+/// descriptor prefix, with a cursor.
+#[tokio::test]
+async fn overrides_list_by_prefix_a_page_at_a_time() {
+    let s = Server::start("pages", None).await;
+    let c = http();
+    let url = |p: &str| format!("http://{}{p}", s.admin);
+    for user in ["alice", "alan", "bob", "albert", "carol"] {
+        let set = json!({"domain": "api", "descriptor": [{"key": "user", "value": user}], "limits": {"unit": "second", "requests_per_unit": 5}});
+        let (st, _, v) = call(&c, "PUT", url("/admin/v1/overrides"), &set.to_string(), None).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let users = |v: &Value| -> Vec<String> {
+        v["overrides"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["descriptor"][0]["value"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, _, p1) = call(&c, "GET", url("/admin/v1/overrides?domain=api&prefix=user%3Dal&limit=2"), "", None).await;
+    assert_eq!(users(&p1), ["alan", "albert"]);
+    let cursor = p1["next_cursor"].as_str().unwrap();
+    let q = format!("/admin/v1/overrides?domain=api&prefix=user%3Dal&limit=2&cursor={}", urlencode(cursor));
+    let (_, _, p2) = call(&c, "GET", url(&q), "", None).await;
+    assert_eq!(users(&p2), ["alice"]);
+    assert!(p2["next_cursor"].is_null());
+    assert_eq!(p2["total"], 5);
+    let (_, _, all) = call(&c, "GET", url("/admin/v1/overrides"), "", None).await;
+    assert_eq!(users(&all), ["alan", "albert", "alice", "bob", "carol"]);
+    for bad in ["limit=0", "limit=1001", "color=red"] {
+        let (st, _, v) = call(&c, "GET", url(&format!("/admin/v1/overrides?{bad}")), "", None).await;
+        assert_eq!(st, 400, "{bad}: {v}");
+        assert!(v["error"].as_str().is_some(), "{v}");
+    }
+    s.stop().await;
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}

@@ -153,6 +153,10 @@ pub(crate) struct CommonArgs {
     /// more, so an overloaded server's queue stays short.
     #[arg(long, env = "FLOODGATE_MAX_STREAMS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_STREAMS)]
     pub(crate) max_streams: u32,
+    /// Keep the dashboard's data (per-rule decisions per second, top keys)
+    /// for `/dashboard` on the admin address: `on` or `off`.
+    #[arg(long, env = "FLOODGATE_DASHBOARD", default_value = "on", value_parser = ["on", "off"])]
+    pub(crate) dashboard: String,
     /// File where runtime overrides persist, or `none` to disable them
     /// (default: STATE_DIR/INSTANCE/overrides.redb).
     #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]

@@ -143,6 +143,7 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         max_in_flight: args.max_in_flight,
         header_timeout,
         max_streams: args.max_streams,
+        dashboard: args.dashboard == "on",
         watch: !args.no_watch,
         shutdown_grace: grace,
         ..Config::default()

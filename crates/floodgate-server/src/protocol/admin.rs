@@ -7,10 +7,15 @@
 //! | `GET /admin/v1/status` | rules source, reload status and errors, warnings (e.g. the proxy's domain has no rules), store health |
 //! | `GET /admin/v1/rules` | loaded domains and rules, with file:line, and the warnings |
 //! | `POST /admin/v1/reload` | reload the rules now (422 with every error; the last good rules stay) |
-//! | `GET /admin/v1/overrides` | every override |
+//! | `GET /admin/v1/overrides` | overrides in (domain, descriptor) order, a page at a time: `?domain=&prefix=&cursor=&limit=` (prefix of the descriptor written `key=value, key=value`; `next_cursor` fetches the next page; `limit` up to 1000, default 100) |
 //! | `PUT /admin/v1/overrides` | set one: `{"domain", "descriptor": [{"key","value"}], "limits": {rate_limit} or [..]}` |
 //! | `DELETE /admin/v1/overrides` | delete one: `{"domain", "descriptor": [...]}` |
 //! | `POST /admin/v1/counters` | one descriptor's current counters, without taking anything: `{"domain", "descriptor": [...]}` |
+//! | `GET /admin/v1/dashboard` | the dashboard's data now (`?top=N` keys per table, default 10): status, store health, per-rule decisions per second and top keys |
+//! | `GET /admin/v1/dashboard/stream` | the same, one JSON line a second (NDJSON, streamed) for as long as the client reads |
+//!
+//! The dashboard page itself (`GET /dashboard` and its two assets) needs no
+//! token: it asks for one and sends it with each call above.
 
 use std::sync::Arc;
 
@@ -38,21 +43,25 @@ pub struct AdminState<S> {
     pub service: Arc<Service<S>>,
     /// The bearer token, when required.
     pub token: Option<String>,
+    /// Set when the server shuts down: the dashboard's streams end.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The admin router.
 pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
-    Router::new()
+    let protected = Router::new()
         .route("/admin/v1/status", get(status::<S>))
         .route("/admin/v1/rules", get(rules::<S>))
         .route("/admin/v1/reload", post(reload::<S>))
         .route("/admin/v1/overrides", get(list::<S>).put(set::<S>).delete(delete::<S>))
         .route("/admin/v1/counters", post(counters::<S>))
+        .route("/admin/v1/dashboard", get(dashboard::<S>))
+        .route("/admin/v1/dashboard/stream", get(dashboard_stream::<S>))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
                 "",
-                "no such admin endpoint: see /admin/v1/status, rules, reload, overrides, counters",
+                "no such admin endpoint: see /dashboard, /admin/v1/status, rules, reload, overrides, counters, dashboard",
             )
         })
         .method_not_allowed_fallback(|| async {
@@ -60,7 +69,8 @@ pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), auth::<S>))
         .layer(DefaultBodyLimit::max(1024 * 1024))
-        .with_state(state)
+        .with_state(state);
+    crate::protocol::dashboard::pages().merge(protected)
 }
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte
@@ -155,14 +165,94 @@ async fn reload<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response
     }
 }
 
-async fn list<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Result<Response, ApiError> {
+/// `GET /admin/v1/overrides`'s query.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    domain: Option<String>,
+    #[serde(default)]
+    prefix: String,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Most overrides one page lists.
+const MAX_PAGE: usize = 1_000;
+
+/// A descriptor as the listing orders and filters it: `key=value, key=value`.
+fn descriptor_text(d: &[Entry]) -> String {
+    d.iter().map(|e| format!("{}={}", e.key, e.value)).collect::<Vec<_>>().join(", ")
+}
+
+async fn list<S: Backend>(
+    State(state): State<Arc<AdminState<S>>>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
     let o = state.service.overrides().ok_or_else(no_overrides)?;
-    let all: Vec<Value> = o
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "query",
+            format!("{}; give domain, prefix, cursor and limit", e.body_text()),
+        )
+    })?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "limit", format!("give 1 to {MAX_PAGE}")));
+    }
+    // Ordered by (domain, descriptor text); the cursor is the last listed.
+    let mut all: Vec<(String, Arc<crate::rules::overrides::Override>)> = o
         .list()
-        .iter()
-        .map(|o| json!({ "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": o.spec.limits, "updated_at_unix_s": o.updated_at }))
+        .into_iter()
+        .filter(|o| q.domain.as_ref().is_none_or(|d| &o.spec.domain == d))
+        .map(|o| (format!("{}\u{0}{}", o.spec.domain, descriptor_text(&o.spec.descriptor)), o))
+        .filter(|(k, o)| k[o.spec.domain.len() + 1..].starts_with(&q.prefix))
         .collect();
-    Ok(axum::Json(json!({ "overrides": all, "problems": o.problems() })).into_response())
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let start = q.cursor.as_ref().map_or(0, |c| all.partition_point(|(k, _)| k <= c));
+    let page = &all[start..all.len().min(start + limit)];
+    let next = (start + page.len() < all.len()).then(|| page.last().map(|(k, _)| k.clone())).flatten();
+    let listed: Vec<Value> = page
+        .iter()
+        .map(|(_, o)| json!({ "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": o.spec.limits, "updated_at_unix_s": o.updated_at }))
+        .collect();
+    Ok(axum::Json(json!({ "overrides": listed, "next_cursor": next, "total": o.len(), "problems": o.problems() }))
+        .into_response())
+}
+
+/// `?top=N` of the dashboard's calls.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopQuery {
+    top: Option<usize>,
+}
+
+fn top_of(
+    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<usize, ApiError> {
+    let axum::extract::Query(q) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "query", format!("{}; give top=N", e.body_text())))?;
+    let max = crate::runtime::topkeys::TOP_KEYS;
+    match q.top.unwrap_or(10) {
+        n @ 1.. if n <= max => Ok(n),
+        _ => Err(ApiError::new(StatusCode::BAD_REQUEST, "top", format!("give 1 to {max}"))),
+    }
+}
+
+async fn dashboard<S: Backend>(
+    State(state): State<Arc<AdminState<S>>>,
+    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let top = top_of(query)?;
+    Ok(axum::Json(crate::protocol::dashboard::snapshot(&state.service, top).await).into_response())
+}
+
+async fn dashboard_stream<S: Backend>(
+    State(state): State<Arc<AdminState<S>>>,
+    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let top = top_of(query)?;
+    Ok(crate::protocol::dashboard::stream(state.service.clone(), top, state.draining.clone()))
 }
 
 async fn set<S: Backend>(

@@ -3,6 +3,7 @@
 //! no policy of its own.
 
 pub mod admin;
+pub mod dashboard;
 pub mod grpc;
 pub mod headers;
 pub mod http;

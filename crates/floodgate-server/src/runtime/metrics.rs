@@ -11,6 +11,9 @@ use std::time::Duration;
 use floodgate_core::StoreError;
 use floodgate_core::limiter::Verdict;
 use floodgate_core::rules::{FailureMode, Rule};
+use serde_json::{Value, json};
+
+use crate::runtime::dashboard::{Dashboard, KeyRef, RuleWatch};
 
 /// The adapter a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +75,22 @@ struct RuleCounters {
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
     failed_local: AtomicU64,
+    /// The dashboard's data for this rule.
+    watch: RuleWatch,
+}
+
+impl RuleCounters {
+    /// Totals in the dashboard's series order: allowed, denied,
+    /// shadow-denied, decided by the failure policy.
+    fn series(&self) -> [u64; 4] {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        [
+            l(&self.ok) + l(&self.unlimited),
+            l(&self.over_limit),
+            l(&self.shadow_over_limit),
+            l(&self.failed_open) + l(&self.failed_closed) + l(&self.failed_local),
+        ]
+    }
 }
 
 type ByRule = HashMap<String, HashMap<String, Arc<RuleCounters>>>;
@@ -87,12 +106,66 @@ pub struct Metrics {
     store_errors: [AtomicU64; 2],
     /// gRPC requests shed (too many in flight; `runtime::overload`).
     shed: AtomicU64,
+    dashboard: Dashboard,
+}
+
+impl Default for Dashboard {
+    fn default() -> Self {
+        Dashboard::new(true)
+    }
 }
 
 impl Metrics {
-    /// Fresh counters.
+    /// Fresh counters, keeping the dashboard's data.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Fresh counters, keeping the dashboard's data only when `on`.
+    pub fn with_dashboard(on: bool) -> Self {
+        Self { dashboard: Dashboard::new(on), ..Self::default() }
+    }
+
+    /// The dashboard's switch and budget.
+    pub fn dashboard(&self) -> &Dashboard {
+        &self.dashboard
+    }
+
+    /// The dashboard's second: each rule's counters into its history.
+    pub fn tick(&self) {
+        if !self.dashboard.is_on() {
+            return;
+        }
+        let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+        for c in map.values().flat_map(HashMap::values) {
+            c.watch.tick(&self.dashboard, c.series());
+        }
+    }
+
+    /// Every watched rule's dashboard data (its `top` heaviest keys per
+    /// table), by domain and rule.
+    pub fn dashboard_json(&self, top: usize) -> Value {
+        let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+        let mut rules = Vec::new();
+        for (domain, by_rule) in map.iter() {
+            for (rule, c) in by_rule {
+                let mut data = c.watch.to_json(top);
+                if let Value::Object(o) = &mut data {
+                    o.insert("domain".into(), json!(domain));
+                    o.insert("rule".into(), json!(rule));
+                    let t = c.series();
+                    o.insert(
+                        "totals".into(),
+                        json!({ "allowed": t[0], "denied": t[1], "shadow_denied": t[2], "failure_policy": t[3] }),
+                    );
+                    rules.push(data);
+                }
+            }
+        }
+        rules.sort_by(|a, b| {
+            (a["domain"].as_str(), a["rule"].as_str()).cmp(&(b["domain"].as_str(), b["rule"].as_str()))
+        });
+        json!({ "rules": rules, "budget": self.dashboard.budget() })
     }
 
     /// Count one request: `Some(allowed)` when decided, `None` when refused
@@ -113,8 +186,9 @@ impl Metrics {
         self.shed.fetch_add(1, Relaxed);
     }
 
-    /// Count one rule's verdict in `domain`.
-    pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict) {
+    /// Count one rule's verdict in `domain`, of `hits` for `key` (the
+    /// dashboard's top keys).
+    pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict, key: KeyRef<'_>, hits: u64) {
         if let Some((e, _)) = &v.failure {
             let kind = match e {
                 StoreError::Full { .. } => 0,
@@ -141,6 +215,10 @@ impl Metrics {
             (None, Some(_)) => &c.over_limit,
         };
         slot.fetch_add(1, Relaxed);
+        if self.dashboard.is_on() {
+            let denied = v.failure.is_none() && v.decision.is_some_and(|d| !d.allowed);
+            c.watch.record(&self.dashboard, key, hits, denied);
+        }
     }
 
     /// Append the service's metrics in Prometheus text format.

@@ -182,6 +182,25 @@ impl Backend for ServerStore {
         self.regions().map_or(0, |r| r.count())
     }
 
+    fn store_health(&self) -> serde_json::Value {
+        match self {
+            Self::Memory(s) | Self::Regional(s, ..) => s.store_health(),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => {
+                let st = s.stats();
+                serde_json::json!({
+                    "kind": "redis",
+                    "breaker_open": st.breaker_open,
+                    "breaker_trips": st.breaker_trips,
+                    "calls": st.calls,
+                    "errors": st.errors,
+                    "timeouts": st.timeouts,
+                    "cached_denials": st.cached_denials,
+                    "rejected_open": st.rejected_open,
+                })
+            }
+        }
+    }
+
     fn sweep(&self) {
         match self {
             Self::Memory(s) => {
