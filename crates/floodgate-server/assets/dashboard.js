@@ -344,7 +344,12 @@ function setup() {
     }
   });
   document.addEventListener('visibilitychange', () => (document.hidden ? stop() : follow()));
-  follow();
+  // Ask for the token first when one is needed and none is kept, rather
+  // than be refused.
+  fetch('/dashboard/config').then((r) => r.json()).then((c) => {
+    if (c.token_required && !token) needToken('');
+    else follow();
+  }, () => follow());
 }
 
 setup();

@@ -790,6 +790,8 @@ async fn dashboard_shows_rule_rates_and_top_keys_behind_the_token() {
         assert!(h["content-type"].to_str().unwrap().starts_with(kind), "{path}: {h:?}");
         assert!(h["content-security-policy"].to_str().unwrap().contains("default-src 'none'"), "{path}");
     }
+    let (st, _, v) = call(&c, "GET", url("/dashboard/config"), "", None).await;
+    assert_eq!((st, v), (200, json!({"token_required": true})));
     for path in ["/admin/v1/dashboard", "/admin/v1/dashboard/stream"] {
         let (st, _, _) = call(&c, "GET", url(path), "", None).await;
         assert_eq!(st, 401, "{path} without the token");

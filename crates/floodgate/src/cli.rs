@@ -316,6 +316,11 @@ pub(crate) struct SimulateArgs {
     /// decisions.
     #[arg(long)]
     pub(crate) report: bool,
+    /// Also draw what each algorithm admits over time on the trace's
+    /// busiest key, beside the limit and the exact sliding_log: an SVG (or
+    /// an HTML page holding it). With --report, every algorithm.
+    #[arg(long, value_name = "FILE.svg|FILE.html", conflicts_with_all = ["goals", "regions"])]
+    pub(crate) plot: Option<String>,
     #[command(flatten)]
     pub(crate) regions: RegionSimArgs,
 }

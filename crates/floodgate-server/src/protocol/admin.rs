@@ -14,8 +14,9 @@
 //! | `GET /admin/v1/dashboard` | the dashboard's data now (`?top=N` keys per table, default 10): status, store health, per-rule decisions per second and top keys |
 //! | `GET /admin/v1/dashboard/stream` | the same, one JSON line a second (NDJSON, streamed) for as long as the client reads |
 //!
-//! The dashboard page itself (`GET /dashboard` and its two assets) needs no
-//! token: it asks for one and sends it with each call above.
+//! The dashboard page itself (`GET /dashboard`, its two assets, and
+//! `/dashboard/config`: whether a token is needed) needs no token: it asks
+//! for one and sends it with each call above.
 
 use std::sync::Arc;
 
@@ -69,8 +70,8 @@ pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), auth::<S>))
         .layer(DefaultBodyLimit::max(1024 * 1024))
-        .with_state(state);
-    crate::protocol::dashboard::pages().merge(protected)
+        .with_state(state.clone());
+    crate::protocol::dashboard::pages(state.token.is_some()).merge(protected)
 }
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte

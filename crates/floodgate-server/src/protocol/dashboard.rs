@@ -38,9 +38,11 @@ const STYLE: &str = include_str!("../../assets/dashboard.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; \
                    base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// The page and its assets (no token needed).
-pub(crate) fn pages() -> Router {
+/// The page and its assets (no token needed), and whether the data needs
+/// one (`GET /dashboard/config`), so the page asks for it before calling.
+pub(crate) fn pages(token_required: bool) -> Router {
     Router::new()
+        .route("/dashboard/config", get(move || async move { axum::Json(json!({ "token_required": token_required })) }))
         .route("/dashboard", get(|| async { asset(PAGE, "text/html; charset=utf-8") }))
         .route("/dashboard/app.js", get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }))
         .route("/dashboard/app.css", get(|| async { asset(STYLE, "text/css; charset=utf-8") }))

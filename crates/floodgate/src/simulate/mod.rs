@@ -1,7 +1,8 @@
 //! `floodgate simulate`: replay a trace through one algorithm, or compare all
 //! of them with the exact `sliding_log` (`--report`).
 
-use std::io::{self, BufRead, BufWriter, Write};
+use std::io::{self, BufRead, BufWriter, Read, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use floodgate::trace::{Event, for_each_event};
@@ -21,6 +22,7 @@ fn store() -> SimStore {
     MemoryStore::builder().clock(ManualClock::new(0)).max_keys(usize::MAX >> 1).build()
 }
 
+mod plot;
 mod regions;
 
 pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
@@ -35,22 +37,56 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     };
     let window = parse_duration(window).map_err(|e| Failure::usage(format!("--window: {e}")))?;
     let mode = args.mode.as_deref().map(str::parse::<LeakyMode>).transpose().map_err(usage("--mode"))?;
-    let stdin = io::stdin().lock();
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
-    let result = if args.report {
+    // With --plot the trace is read whole first: it is replayed once for
+    // the decisions or the table, once for the picture.
+    let plot_to = args.plot.as_deref().map(plot_target).transpose()?;
+    let mut trace = Vec::new();
+    if plot_to.is_some() {
+        io::stdin().lock().read_to_end(&mut trace).map_err(|e| Failure::runtime(format!("reading stdin: {e}")))?;
+    }
+    let input: Box<dyn BufRead> = if plot_to.is_some() { Box::new(&trace[..]) } else { Box::new(io::stdin().lock()) };
+    let (result, plotted) = if args.report {
         let limits = report_limits(args, limit, window, mode)?;
-        report(stdin, stdout, &limits)
+        (report(input, stdout, &limits), limits)
     } else {
         let name = args.algorithm.as_deref().unwrap_or_default();
         let kind: AlgorithmKind = name.parse().map_err(usage("--algorithm"))?;
         let algorithm =
             Algorithm::from_parts(kind, args.burst, args.granularity, mode).map_err(usage("--algorithm"))?;
         let limit = Limit::new(algorithm, limit, window).map_err(usage("--limit/--window"))?;
-        replay(stdin, stdout, &limit)
+        let exact = Limit::new(Algorithm::SlidingLog, limit.limit(), window);
+        let mut plotted = Vec::new();
+        if plot_to.is_some() && kind != AlgorithmKind::SlidingLog {
+            plotted
+                .push(("sliding_log (exact)".to_owned(), exact.map_err(usage("--plot needs sliding_log's limits"))?));
+        }
+        plotted.push((name.to_owned(), limit.clone()));
+        (replay(input, stdout, &limit), plotted)
+    };
+    let result = match (result, plot_to) {
+        (Ok(()) | Err(Failure { code: crate::exit::OK, .. }), Some((path, html))) => {
+            let picture = plot::plot(&trace, &plotted, html)?;
+            std::fs::write(&path, picture)
+                .map_err(|e| Failure::runtime(format!("--plot {}: cannot write: {e}", path.display())))
+        }
+        (other, _) => other,
     };
     match result {
         Err(Failure { code: crate::exit::OK, .. }) => Ok(()),
         other => other,
+    }
+}
+
+/// `--plot`'s file and whether it is HTML (`.html`, `.htm`) or SVG (`.svg`).
+fn plot_target(path: &str) -> Result<(PathBuf, bool), Failure> {
+    let lower = path.to_ascii_lowercase();
+    if lower.ends_with(".svg") {
+        Ok((PathBuf::from(path), false))
+    } else if lower.ends_with(".html") || lower.ends_with(".htm") {
+        Ok((PathBuf::from(path), true))
+    } else {
+        Err(Failure::usage(format!("--plot {path}: name a .svg or .html file")))
     }
 }
 
@@ -285,6 +321,7 @@ mod tests {
             granularity: None,
             mode: None,
             report: true,
+            plot: None,
             regions: crate::cli::RegionSimArgs::default(),
         };
         let limits = report_limits(&args, 2, Duration::from_secs(1), None).unwrap();

@@ -127,6 +127,11 @@ impl Served {
         }
     }
 
+    /// The rules directory it watches.
+    pub fn rules_dir(&self) -> std::path::PathBuf {
+        self._dir.0.join("rules")
+    }
+
     /// The log lines (JSON) so far that contain `text`.
     pub fn logged(&self, text: &str) -> Vec<String> {
         self.log.lock().unwrap().iter().filter(|l| l.contains(text)).cloned().collect()
