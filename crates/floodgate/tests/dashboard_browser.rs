@@ -12,10 +12,9 @@ mod cli;
 mod common;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use browser::Browser;
-use cli::{Served, floodgate, http_full};
+use cli::{Served, floodgate, http_full, http_with};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "dash-t0ken";
@@ -42,20 +41,8 @@ fn shots_dir() -> PathBuf {
 }
 
 fn admin(s: &Served, method: &str, path: &str, body: &str) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(&s.admin).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        c,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    c.read_to_string(&mut text).unwrap();
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (code, _, body) = http_with(&s.admin, method, path, body, &format!("Authorization: Bearer {TOKEN}\r\n"));
+    (code, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 /// The value of `[data-rule=rule] .rate-allowed` (0 while absent).

@@ -172,12 +172,17 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 
 /// A plain HTTP/1.1 request with a JSON body: (status, head, body).
 pub fn http_full(addr: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    http_with(addr, method, path, body, "")
+}
+
+/// [`http_full`] with `extra` header lines (each ending in `\r\n`).
+pub fn http_with(addr: &str, method: &str, path: &str, body: &str, extra: &str) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
