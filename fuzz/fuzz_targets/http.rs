@@ -32,6 +32,9 @@ const ENDPOINTS: &[(&str, &str, bool)] = &[
     ("GET", "/admin/v1/rules", true),
     ("GET", "/readyz", false),
     ("POST", "/v1/check?", false),
+    ("GET", "/admin/v1/overrides?", true),
+    ("GET", "/admin/v1/dashboard?", true),
+    ("GET", "/dashboard/config", true),
 ];
 const TYPES: &[Option<&str>] =
     &[None, Some("application/json"), Some("text/plain"), Some("application/json; charset=utf-8"), Some("image/png")];
@@ -52,7 +55,8 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         }),
         64 * 1024,
     );
-    let admin = admin::router(Arc::new(AdminState { service, token: Some("fuzz-token".into()), draining: Default::default() }));
+    let admin =
+        admin::router(Arc::new(AdminState { service, token: Some("fuzz-token".into()), draining: Default::default() }));
     Fixture { rt: common::runtime(), api, admin }
 });
 
