@@ -108,8 +108,8 @@ pub struct KeyRef<'a> {
 }
 
 impl KeyRef<'_> {
-    fn display(&self) -> String {
-        let mut out = String::new();
+    /// `key=value, key=value` into `out`, stopping once past the bytes kept.
+    fn display(&self, out: &mut String) {
         for (i, (k, v)) in self.entries.iter().enumerate() {
             if i > 0 {
                 out.push_str(", ");
@@ -121,7 +121,6 @@ impl KeyRef<'_> {
                 break;
             }
         }
-        out
     }
 }
 
@@ -174,9 +173,9 @@ impl RuleWatch {
             None => return,
         };
         let h = dash.hasher.hash_one(key.counter_key);
-        t.hits.record(h, hits, || key.display());
+        t.hits.record(h, hits, |out| key.display(out));
         if denied {
-            t.denials.record(h, hits, || key.display());
+            t.denials.record(h, hits, |out| key.display(out));
         }
     }
 

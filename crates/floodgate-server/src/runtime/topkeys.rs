@@ -27,7 +27,8 @@ struct Slot {
     hash: u64,
     count: u64,
     error: u64,
-    key: Box<str>,
+    /// Reused when another key takes the place: no allocation per miss.
+    key: String,
 }
 
 /// The heaviest keys seen, in fixed memory (Space-Saving).
@@ -49,22 +50,30 @@ pub struct Heavy {
 }
 
 impl TopKeys {
-    /// Count `hits` for the key hashing to `hash`; `key` gives its display
-    /// text, asked only when the key takes a place.
-    pub fn record(&mut self, hash: u64, hits: u64, key: impl FnOnce() -> String) {
+    /// Count `hits` for the key hashing to `hash`; `key` writes its display
+    /// text (into an emptied buffer), asked only when the key takes a place.
+    pub fn record(&mut self, hash: u64, hits: u64, key: impl FnOnce(&mut String)) {
         self.seen = self.seen.saturating_add(hits);
         if let Some(s) = self.slots.iter_mut().find(|s| s.hash == hash) {
             s.count = s.count.saturating_add(hits);
             return;
         }
         if self.slots.len() < TOP_KEYS {
-            self.slots.push(Slot { hash, count: hits, error: 0, key: cut(key()) });
+            let mut text = String::with_capacity(KEY_BYTES + '…'.len_utf8());
+            key(&mut text);
+            cut(&mut text);
+            self.slots.push(Slot { hash, count: hits, error: 0, key: text });
             return;
         }
         // Full: the smallest counter's key gives way (the first when tied).
         let Some(min) = self.slots.iter_mut().min_by_key(|s| s.count) else { return };
         let floor = min.count;
-        *min = Slot { hash, count: floor.saturating_add(hits), error: floor, key: cut(key()) };
+        min.hash = hash;
+        min.count = floor.saturating_add(hits);
+        min.error = floor;
+        min.key.clear();
+        key(&mut min.key);
+        cut(&mut min.key);
     }
 
     /// Hits counted in all.
@@ -92,7 +101,7 @@ impl TopKeys {
 }
 
 /// `key` cut to [`KEY_BYTES`] at a character boundary, marked when cut.
-fn cut(mut key: String) -> Box<str> {
+fn cut(key: &mut String) {
     if key.len() > KEY_BYTES {
         let mut end = KEY_BYTES;
         while !key.is_char_boundary(end) {
@@ -100,8 +109,9 @@ fn cut(mut key: String) -> Box<str> {
         }
         key.truncate(end);
         key.push('…');
+        // A long key's text grew the buffer: give the rest back.
+        key.shrink_to(KEY_BYTES + '…'.len_utf8());
     }
-    key.into_boxed_str()
 }
 
 #[cfg(test)]
@@ -111,7 +121,7 @@ mod tests {
     fn record(t: &mut TopKeys, key: &str) {
         use std::hash::BuildHasher;
         let h = foldhash::fast::FixedState::with_seed(7).hash_one(key);
-        t.record(h, 1, || key.to_owned());
+        t.record(h, 1, |out| out.push_str(key));
     }
 
     #[test]
