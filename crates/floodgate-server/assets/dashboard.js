@@ -288,6 +288,7 @@ async function listKeys(cursor) {
   const q = new URLSearchParams({ limit: '50' });
   if ($('keys-domain').value.trim()) q.set('domain', $('keys-domain').value.trim());
   if ($('keys-prefix').value) q.set('prefix', $('keys-prefix').value);
+  if ($('keys-exact').checked) q.set('exact', 'true');
   if (cursor) q.set('cursor', cursor);
   const body = $('keys').tBodies[0];
   body.replaceChildren();

@@ -889,9 +889,15 @@ async fn overrides_list_by_prefix_a_page_at_a_time() {
     assert_eq!(users(&p2), ["alice"]);
     assert!(p2["next_cursor"].is_null());
     assert_eq!(p2["total"], 5);
+    let (_, _, one) =
+        call(&c, "GET", url("/admin/v1/overrides?domain=api&prefix=user%3Dal&exact=true"), "", None).await;
+    assert_eq!(users(&one), Vec::<String>::new(), "exact: no descriptor is just `user=al`");
+    let (_, _, one) =
+        call(&c, "GET", url("/admin/v1/overrides?domain=api&prefix=user%3Dalan&exact=true"), "", None).await;
+    assert_eq!(users(&one), ["alan"]);
     let (_, _, all) = call(&c, "GET", url("/admin/v1/overrides"), "", None).await;
     assert_eq!(users(&all), ["alan", "albert", "alice", "bob", "carol"]);
-    for bad in ["limit=0", "limit=1001", "color=red"] {
+    for bad in ["limit=0", "limit=1001", "color=red", "exact=maybe"] {
         let (st, _, v) = call(&c, "GET", url(&format!("/admin/v1/overrides?{bad}")), "", None).await;
         assert_eq!(st, 400, "{bad}: {v}");
         assert!(v["error"].as_str().is_some(), "{v}");

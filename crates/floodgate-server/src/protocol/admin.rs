@@ -7,7 +7,7 @@
 //! | `GET /admin/v1/status` | rules source, reload status and errors, warnings (e.g. the proxy's domain has no rules), store health |
 //! | `GET /admin/v1/rules` | loaded domains and rules, with file:line, and the warnings |
 //! | `POST /admin/v1/reload` | reload the rules now (422 with every error; the last good rules stay) |
-//! | `GET /admin/v1/overrides` | overrides in (domain, descriptor) order, a page at a time: `?domain=&prefix=&cursor=&limit=` (prefix of the descriptor written `key=value, key=value`; `next_cursor` fetches the next page; `limit` up to 1000, default 100) |
+//! | `GET /admin/v1/overrides` | overrides in (domain, descriptor) order, a page at a time: `?domain=&prefix=&cursor=&limit=` (prefix of the descriptor written `key=value, key=value`, or that descriptor exactly with `exact=true`; `next_cursor` fetches the next page; `limit` up to 1000, default 100) |
 //! | `PUT /admin/v1/overrides` | set one: `{"domain", "descriptor": [{"key","value"}], "limits": {rate_limit} or [..]}` |
 //! | `DELETE /admin/v1/overrides` | delete one: `{"domain", "descriptor": [...]}` |
 //! | `POST /admin/v1/counters` | one descriptor's current counters, without taking anything: `{"domain", "descriptor": [...]}` |
@@ -173,6 +173,9 @@ struct ListQuery {
     domain: Option<String>,
     #[serde(default)]
     prefix: String,
+    /// Only the descriptor written exactly as `prefix` (exact lookup).
+    #[serde(default)]
+    exact: bool,
     cursor: Option<String>,
     limit: Option<usize>,
 }
@@ -207,7 +210,10 @@ async fn list<S: Backend>(
         .into_iter()
         .filter(|o| q.domain.as_ref().is_none_or(|d| &o.spec.domain == d))
         .map(|o| (format!("{}\u{0}{}", o.spec.domain, descriptor_text(&o.spec.descriptor)), o))
-        .filter(|(k, o)| k[o.spec.domain.len() + 1..].starts_with(&q.prefix))
+        .filter(|(k, o)| {
+            let text = &k[o.spec.domain.len() + 1..];
+            if q.exact { text == q.prefix } else { text.starts_with(&q.prefix) }
+        })
         .collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
     let start = q.cursor.as_ref().map_or(0, |c| all.partition_point(|(k, _)| k <= c));
