@@ -37,7 +37,6 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_layer::Layer;

@@ -96,6 +96,13 @@ impl Dashboard {
     }
 }
 
+impl Default for Dashboard {
+    /// On: the server's default (`--dashboard on`).
+    fn default() -> Self {
+        Dashboard::new(true)
+    }
+}
+
 /// The key a decision was for: its counter key (hashed) and its
 /// descriptor's entries (the display text, made only when the key takes a
 /// place in a table).

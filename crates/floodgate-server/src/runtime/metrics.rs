@@ -13,7 +13,7 @@ use floodgate_core::limiter::Verdict;
 use floodgate_core::rules::{FailureMode, Rule};
 use serde_json::{Value, json};
 
-use crate::runtime::dashboard::{Dashboard, KeyRef, RuleWatch};
+use crate::runtime::dashboard::{Dashboard, KeyRef, RuleWatch, SERIES};
 
 /// The adapter a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,12 +109,6 @@ pub struct Metrics {
     dashboard: Dashboard,
 }
 
-impl Default for Dashboard {
-    fn default() -> Self {
-        Dashboard::new(true)
-    }
-}
-
 impl Metrics {
     /// Fresh counters, keeping the dashboard's data.
     pub fn new() -> Self {
@@ -153,11 +147,8 @@ impl Metrics {
                 if let Value::Object(o) = &mut data {
                     o.insert("domain".into(), json!(domain));
                     o.insert("rule".into(), json!(rule));
-                    let t = c.series();
-                    o.insert(
-                        "totals".into(),
-                        json!({ "allowed": t[0], "denied": t[1], "shadow_denied": t[2], "failure_policy": t[3] }),
-                    );
+                    let totals = SERIES.iter().zip(c.series()).map(|(name, t)| ((*name).to_owned(), json!(t)));
+                    o.insert("totals".into(), Value::Object(totals.collect()));
                     rules.push(data);
                 }
             }
