@@ -12,6 +12,11 @@
 //!     rate_limits:                   # several limits on one key (floodgate)
 //!       - { algorithm: gcra, window: 1s, requests_per_unit: 5, burst: 10 }
 //!       - { unit: day, requests_per_unit: 10000 }
+//! tiers:                             # plans for per-key entries (floodgate)
+//!   free: { unit: minute, requests_per_unit: 60 }
+//!   pro:
+//!     - { unit: second, requests_per_unit: 50 }
+//!     - { unit: day, requests_per_unit: 1000000 }
 //! ```
 
 mod error;
@@ -24,8 +29,8 @@ pub(crate) mod yaml;
 pub use error::{ConfigError, ConfigErrors};
 pub use load::{Sources, is_rules_file, rule_files};
 pub use matcher::{Match, RequestMatch, counter_key};
-pub use model::{Action, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Unit};
-pub use parse::{LoadOptions, parse_limits};
+pub use model::{Action, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Tier, Unit};
+pub use parse::{LoadOptions, check_tier_name, parse_limits};
 pub use yaml::Pos;
 
 #[cfg(test)]

@@ -179,6 +179,17 @@ pub struct Domain {
     /// How the reverse proxy and the tower layer build this domain's
     /// descriptors from an HTTP request (`request_descriptors:`).
     pub(crate) request_descriptors: Vec<RequestDescriptor>,
+    /// Named plans for per-key entries (`tiers:`).
+    pub(crate) tiers: HashMap<Box<str>, Tier>,
+}
+
+/// A named plan (`tiers:`): the limits of every per-key entry naming it.
+#[derive(Debug, Clone)]
+pub struct Tier {
+    /// The limits, labelled `tier:<name>` in metrics (or by their `name`).
+    pub rules: Vec<Rule>,
+    /// Where the tier's name is written.
+    pub pos: Pos,
 }
 
 /// One descriptor built from an HTTP request: an entry per action, in order
@@ -243,6 +254,16 @@ impl Domain {
     /// Every rule of the domain, in file order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.nodes.iter().flat_map(|n| n.rules.iter())
+    }
+
+    /// A tier by name.
+    pub fn tier(&self, name: &str) -> Option<&Tier> {
+        self.tiers.get(name)
+    }
+
+    /// The tiers, by name (in no order).
+    pub fn tiers(&self) -> impl Iterator<Item = (&str, &Tier)> {
+        self.tiers.iter().map(|(k, v)| (&**k, v))
     }
 
     /// How to build this domain's descriptors from an HTTP request (empty

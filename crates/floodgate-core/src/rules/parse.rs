@@ -7,9 +7,12 @@
 //! warning, since envoy loads them too; floodgate's own keys in the wrong
 //! place, and unknown keys, are errors.
 
+use std::collections::HashMap;
 use std::path::Path;
 
-use super::model::{Action, DescNode, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, Source, Unit};
+use super::model::{
+    Action, DescNode, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, Source, Tier, Unit,
+};
 use super::yaml::{self, Bounds, Node};
 use super::{ConfigError, ConfigErrors, Pos};
 use crate::region::{Scope, SyncMode, parse_overshoot};
@@ -57,7 +60,7 @@ const ENVOY_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-const TOP_KEYS: &[&str] = &["domain", "descriptors", "request_descriptors"];
+const TOP_KEYS: &[&str] = &["domain", "descriptors", "request_descriptors", "tiers"];
 const REQUEST_DESCRIPTOR_KEYS: &[&str] = &["actions"];
 const ACTION_KEYS: &[&str] = &["remote_address", "request_headers", "generic_key"];
 const REQUEST_HEADERS_KEYS: &[&str] = &["header_name", "descriptor_key", "skip_if_absent"];
@@ -174,11 +177,13 @@ impl<'a> FileParser<'a> {
         let mut domain_name = None;
         let mut descriptors = None;
         let mut request_descriptors = Vec::new();
+        let mut tiers = None;
         for (k, v) in entries {
             match self.key(k, v, "", TOP_KEYS).as_deref() {
                 Some("domain") => domain_name = self.string(v, "domain").map(|s| (s, v.pos())),
                 Some("descriptors") => descriptors = Some(v),
                 Some("request_descriptors") => request_descriptors = self.request_descriptors(v),
+                Some("tiers") => tiers = Some(v),
                 _ => {}
             }
         }
@@ -194,10 +199,19 @@ impl<'a> FileParser<'a> {
                 return None;
             }
         };
-        let mut domain =
-            Domain { name: name.clone(), file: self.file, pos, nodes: vec![DescNode::default()], request_descriptors };
+        let mut domain = Domain {
+            name: name.clone(),
+            file: self.file,
+            pos,
+            nodes: vec![DescNode::default()],
+            request_descriptors,
+            tiers: HashMap::new(),
+        };
         if let Some(list) = descriptors {
             self.descriptors(&mut domain, 0, list, "descriptors", &name);
+        }
+        if let Some(map) = tiers {
+            domain.tiers = self.tiers(map);
         }
         (self.errors.len() == before).then_some(domain)
     }
@@ -350,6 +364,58 @@ impl<'a> FileParser<'a> {
             }
             Node::Scalar { .. } => {}
         }
+    }
+
+    /// `tiers:` (floodgate): plan name -> a `rate_limit` block or a list of
+    /// them, the limits of every per-key entry that names the plan.
+    fn tiers(&mut self, map: &Node) -> HashMap<Box<str>, Tier> {
+        let mut out = HashMap::new();
+        let Some(entries) = self.map(map, "tiers") else { return out };
+        for (k, v) in entries {
+            let Some(name) = self.string(k, "tiers") else { continue };
+            let field = format!("tiers.{name}");
+            if let Err(m) = check_tier_name(&name) {
+                self.error(k.pos(), &field, m);
+                continue;
+            }
+            let stats_key = format!("tier:{name}");
+            let mut rules = Vec::new();
+            match v {
+                Node::Seq { items, .. } if !items.is_empty() => {
+                    for (i, item) in items.iter().enumerate() {
+                        rules.extend(self.rule(item, &format!("{field}[{i}]"), &stats_key, Flags::default()));
+                    }
+                }
+                Node::Map { .. } => rules.extend(self.rule(v, &field, &stats_key, Flags::default())),
+                other => {
+                    self.error(
+                        other.pos(),
+                        &field,
+                        format!(
+                            "expected a rate_limit block (`{{unit: second, requests_per_unit: 10}}`) or a list of them, found {}",
+                            other.kind()
+                        ),
+                    );
+                    continue;
+                }
+            }
+            if let Some(r) = rules.iter().find(|r| r.scope != Scope::Region) {
+                self.error(
+                    r.source.pos,
+                    &field,
+                    "a tier's limits are per region: remove `scope` (global per-key limits are not supported yet)",
+                );
+            }
+            self.rules += rules.len();
+            if self.rules > self.opts.max_rules {
+                self.error(k.pos(), &field, format!("more than {} rules in the rule set", self.opts.max_rules));
+                return out;
+            }
+            if out.insert(Box::from(name.as_str()), Tier { rules, pos: k.pos() }).is_some() {
+                self.error(k.pos(), &field, format!("tier `{name}` is defined twice: keep one"));
+            }
+        }
+        out
     }
 
     /// `request_descriptors:` (floodgate): a list of `- actions: [...]`.
@@ -984,6 +1050,18 @@ pub fn parse_limits(label: &str, text: &str, stats_key: &str) -> Result<Vec<Rule
         Ok(Some(node)) => rules.extend(p.rule(&node, "rate_limit", stats_key, Flags::default())),
     }
     if p.errors.is_empty() { Ok(rules) } else { Err(ConfigErrors(p.errors)) }
+}
+
+/// Whether `name` can name a tier: 1 to 64 bytes of ASCII letters, digits,
+/// `_`, `-` and `.` (it appears in metrics labels and CSV files).
+pub fn check_tier_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+        return Err(format!(
+            "tier name `{}` must be 1 to 64 letters, digits, `_`, `-` or `.`, e.g. pro",
+            name.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 /// The burst the local fallback keeps: the configured one scaled by the

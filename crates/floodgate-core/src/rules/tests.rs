@@ -533,3 +533,36 @@ fn scope_sync_and_overshoot() {
         "unlimited takes no scope",
     );
 }
+
+#[test]
+fn tiers_are_named_plans_of_any_limits() {
+    let set = load(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2}\ntiers:\n  free: {unit: minute, requests_per_unit: 60}\n  pro:\n    - {algorithm: gcra, window: 1s, requests_per_unit: 50, burst: 100}\n    - {name: pro-daily, unit: day, requests_per_unit: 1000000}\n",
+    );
+    let api = set.domain("api").unwrap();
+    let free = api.tier("free").unwrap();
+    assert_eq!(free.rules.len(), 1);
+    assert_eq!(free.rules[0].stats_key, "tier:free");
+    assert_eq!(free.rules[0].limit.as_ref().unwrap().limit(), 60);
+    assert_eq!((free.pos.line, free.pos.col), (6, 3));
+    let pro = api.tier("pro").unwrap();
+    assert_eq!(pro.rules.len(), 2);
+    assert_eq!(pro.rules[1].name.as_deref(), Some("pro-daily"));
+    assert!(api.tier("enterprise").is_none());
+    assert_eq!(api.tiers().count(), 2);
+    // Tiers are not descriptors: nothing matches them.
+    assert!(set.matches("api", &[("free", "x")]).is_none());
+}
+
+#[test]
+fn tier_errors_say_what_to_write() {
+    one_error("domain: api\ntiers:\n  free: 60\n", "tiers.free");
+    one_error("domain: api\ntiers:\n  free: 60\n", "a rate_limit block");
+    one_error("domain: api\ntiers:\n  free: {unit: fortnight, requests_per_unit: 1}\n", "tiers.free.unit");
+    one_error("domain: api\ntiers:\n  \"a b\": {unit: second, requests_per_unit: 1}\n", "letters, digits");
+    one_error(
+        "domain: api\ntiers:\n  free: {unit: second, requests_per_unit: 1, scope: global}\n",
+        "a tier's limits are per region",
+    );
+    one_error("domain: api\ntiers: [free]\n", "tiers");
+}
