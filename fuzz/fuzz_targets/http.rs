@@ -35,6 +35,10 @@ const ENDPOINTS: &[(&str, &str, bool)] = &[
     ("GET", "/admin/v1/overrides?", true),
     ("GET", "/admin/v1/dashboard?", true),
     ("GET", "/dashboard/config", true),
+    ("PUT", "/admin/v1/keys", true),
+    ("POST", "/admin/v1/keys/import", true),
+    ("GET", "/admin/v1/keys?", true),
+    ("GET", "/admin/v1/tiers", true),
 ];
 const TYPES: &[Option<&str>] =
     &[None, Some("application/json"), Some("text/plain"), Some("application/json; charset=utf-8"), Some("image/png")];

@@ -293,20 +293,21 @@ async function listKeys(cursor) {
   const body = $('keys').tBodies[0];
   body.replaceChildren();
   try {
-    const data = await api('GET', '/admin/v1/overrides?' + q);
-    for (const o of data.overrides || []) {
+    const data = await api('GET', '/admin/v1/keys?' + q);
+    for (const o of data.entries || []) {
       const del = el('button', { type: 'button', text: 'Delete' });
       del.addEventListener('click', async () => {
         try {
-          await api('DELETE', '/admin/v1/overrides', { domain: o.domain, descriptor: o.descriptor });
+          await api('DELETE', '/admin/v1/keys', { domain: o.domain, descriptor: o.descriptor });
           listKeys(null);
         } catch (e) { $('edit-result').textContent = e.message; }
       });
       body.append(el('tr', {}, el('td', { text: o.domain }),
         el('td', { text: o.descriptor.map((e) => e.key + '=' + e.value).join(', ') }),
-        el('td', {}, el('code', { text: JSON.stringify(o.limits) })), el('td', { text: when(o.updated_at_unix_s) }), el('td', {}, del)));
+        el('td', {}, o.tier ? el('span', { text: 'tier ' + o.tier }) : el('code', { text: JSON.stringify(o.limits) })),
+        el('td', { text: when(o.updated_at_unix_s) }), el('td', {}, del)));
     }
-    if (!(data.overrides || []).length) body.append(el('tr', {}, el('td', { class: 'muted', text: 'none' })));
+    if (!(data.entries || []).length) body.append(el('tr', {}, el('td', { class: 'muted', text: 'none' })));
     keysCursor = data.next_cursor;
     $('keys-next').hidden = !keysCursor;
   } catch (e) {
@@ -333,9 +334,11 @@ function setup() {
       const body = {
         domain: $('edit-domain').value.trim(),
         descriptor: parseDescriptor($('edit-descriptor').value),
-        limits: JSON.parse($('edit-limits').value),
       };
-      await api('PUT', '/admin/v1/overrides', body);
+      // A tier's name, or limits as JSON.
+      const what = $('edit-limits').value.trim();
+      if (/^[\[{]/.test(what)) body.limits = JSON.parse(what); else body.tier = what;
+      await api('PUT', '/admin/v1/keys', body);
       out.className = 'good';
       out.textContent = 'set';
       listKeys(null);

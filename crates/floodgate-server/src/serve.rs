@@ -28,12 +28,13 @@ use crate::protocol::grpc::Rls;
 use crate::protocol::headers::HeaderMode;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
+use crate::rules::perkey::CacheOptions;
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, accept, serve_router};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::overload::ShedLayer;
 use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
-use crate::runtime::state::{OverridesFile, open_overrides};
+use crate::runtime::state::{OverridesFile, open_keys};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
 use crate::service::Service;
@@ -53,8 +54,11 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Which rate-limit headers to send.
     pub headers: HeaderMode,
-    /// Where runtime overrides persist ([`OverridesFile::Off`] disables them).
+    /// Where per-key entries (and runtime overrides) persist
+    /// ([`OverridesFile::Off`] disables them).
     pub overrides: OverridesFile,
+    /// The per-key lookup cache.
+    pub key_cache: CacheOptions,
     /// The store: `None` for the in-memory store, or Redis.
     pub redis: Option<RedisConfig>,
     /// Bound on the in-memory store's keys (and on the `local` fallback's).
@@ -100,6 +104,7 @@ impl Default for Config {
             admin_token: None,
             headers: HeaderMode::default(),
             overrides: OverridesFile::Off,
+            key_cache: CacheOptions::default(),
             redis: None,
             max_keys: floodgate_core::store::memory::DEFAULT_MAX_KEYS,
             watch: true,
@@ -267,19 +272,26 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     // Global rules need peer regions (and a slice of at least one hit):
     // checked now and on every reload.
     let regions_n = config.regions.as_ref().map_or(0, |r| r.peers.len() + 1);
-    rules.set_check(move |set| check_rules(set, regions_n)).map_err(|errs| {
+    rules.add_check(move |set| check_rules(set, regions_n)).map_err(|errs| {
         let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
         ServeError::Config(format!("the rules in {} cannot run here:\n{}", config.rules, list.join("\n")))
     })?;
     for w in rules.current().warnings() {
         tracing::warn!("{w}");
     }
-    let overrides = open_overrides(&config.overrides).map_err(ServeError::Config)?.map(|o| {
-        for p in o.problems() {
-            tracing::warn!("stored override not loaded: {p}");
-        }
-        Arc::new(o)
-    });
+    let keys = open_keys(&config.overrides, config.key_cache).map_err(ServeError::Config)?.map(Arc::new);
+    if let Some(k) = &keys {
+        // A reload must not remove a tier that entries still name.
+        let checker = k.clone();
+        rules.add_check(move |set| checker.check_rules(set)).map_err(|errs| {
+            let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
+            ServeError::Config(format!(
+                "the rules in {} lack tiers that per-key entries name:\n{}",
+                config.rules,
+                list.join("\n")
+            ))
+        })?;
+    }
     let store = match (&config.redis, &config.regions) {
         (None, None) => ServerStore::Memory(memory(config.max_keys)),
         (None, Some(r)) => {
@@ -313,7 +325,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     let local = MemoryStore::builder().max_keys(config.max_keys).build();
     let service = Arc::new(Service::new(
         rules,
-        overrides,
+        keys,
         Limiter::new(store, local),
         Arc::new(Metrics::with_dashboard(config.dashboard)),
     ));
@@ -461,8 +473,8 @@ impl Bound {
             let serving = serve_proxy(listener, layer, forward, options, bound, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });
         }
-        // With Redis, overrides are shared: keep this instance in step.
-        let sharing = match (service.store(), service.overrides()) {
+        // With Redis, per-key entries are shared: keep this instance in step.
+        let sharing = match (service.store(), service.keys()) {
             (ServerStore::Redis(redis) | ServerStore::RedisRegional(redis, ..), Some(o)) => {
                 Some(tokio::spawn(o.share(redis.shared_map("overrides"))))
             }
@@ -484,6 +496,14 @@ impl Bound {
                 }
             })
         };
+        let releaser = tokio::spawn(async {
+            let mut tick = tokio::time::interval(crate::runtime::memory::RELEASE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                crate::runtime::memory::release();
+            }
+        });
         // The dashboard's second (nothing when it is off).
         let ticker = {
             let metrics = service.metrics().clone();
@@ -521,6 +541,7 @@ impl Bound {
         health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
         sweeper.abort();
+        releaser.abort();
         ticker.abort();
         if let Some(s) = sharing {
             s.abort();

@@ -9,7 +9,7 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
-use crate::rules::overrides::{Override, Overrides};
+use crate::rules::perkey::{KeyEntry, PerKey};
 use crate::rules::reload::Rules;
 use crate::runtime::dashboard::KeyRef;
 use crate::runtime::metrics::{Metrics, Protocol};
@@ -129,10 +129,11 @@ pub struct Answer {
     pub delay: Duration,
 }
 
-/// Rules, overrides, a store and metrics: everything a decision needs.
+/// Rules, per-key entries, a store and metrics: everything a decision
+/// needs.
 pub struct Service<S> {
     rules: Arc<Rules>,
-    overrides: Option<Arc<Overrides>>,
+    keys: Option<Arc<PerKey>>,
     limiter: Limiter<S>,
     metrics: Arc<Metrics>,
 }
@@ -144,15 +145,11 @@ impl<S> std::fmt::Debug for Service<S> {
 }
 
 impl<S: Store> Service<S> {
-    /// A service deciding with `limiter` against `rules` (and `overrides`,
-    /// which take precedence for the exact descriptors they name).
-    pub fn new(
-        rules: Arc<Rules>,
-        overrides: Option<Arc<Overrides>>,
-        limiter: Limiter<S>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self { rules, overrides, limiter, metrics }
+    /// A service deciding with `limiter` against `rules` (and the per-key
+    /// entries in `keys`, which take precedence for the exact descriptors
+    /// they name).
+    pub fn new(rules: Arc<Rules>, keys: Option<Arc<PerKey>>, limiter: Limiter<S>, metrics: Arc<Metrics>) -> Self {
+        Self { rules, keys, limiter, metrics }
     }
 
     /// The hot-reloaded rules.
@@ -160,9 +157,9 @@ impl<S: Store> Service<S> {
         &self.rules
     }
 
-    /// The runtime overrides, when enabled.
-    pub fn overrides(&self) -> Option<&Arc<Overrides>> {
-        self.overrides.as_ref()
+    /// The per-key entries, when enabled.
+    pub fn keys(&self) -> Option<&Arc<PerKey>> {
+        self.keys.as_ref()
     }
 
     /// The store.
@@ -219,12 +216,25 @@ impl<S: Store> Service<S> {
     fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
         validate(req)?;
         let rules = self.rules.current();
-        let overrides = match self.overrides.as_deref() {
-            Some(o) if !o.is_empty() => req.descriptors.iter().map(|d| o.get(&req.domain, &d.entries)).collect(),
+        let keyed = match self.keys.as_deref() {
+            Some(k) if !k.is_empty() => req
+                .descriptors
+                .iter()
+                .map(|d| {
+                    // An entry whose tier the rules lack: the files' rules.
+                    k.get(&req.domain, &d.entries).filter(|e| {
+                        let ok = e.rules_in(&rules).is_some();
+                        if !ok {
+                            k.unknown_tier(e);
+                        }
+                        ok
+                    })
+                })
+                .collect(),
             _ => Vec::new(),
         };
         let inline = inline_rules(&rules, req);
-        Ok(Sources { rules, overrides, inline })
+        Ok(Sources { rules, keyed, inline })
     }
 
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
@@ -292,20 +302,20 @@ fn checks_of<'a>(req: &Request, planned: &'a [(usize, String, &'a Rule)]) -> Vec
 }
 
 /// What a request's descriptors resolve against: the rules in use, the
-/// overrides of its exact descriptors and the limits it carries (each empty
-/// when none apply).
+/// per-key entries of its exact descriptors (each resolving under those
+/// rules) and the limits it carries (each empty when none apply).
 struct Sources {
     rules: Arc<RuleSet>,
-    overrides: Vec<Option<Arc<Override>>>,
+    keyed: Vec<Option<Arc<KeyEntry>>>,
     inline: Vec<Option<Rule>>,
 }
 
 /// The `(descriptor index, counter key, rule)` of every limit that applies,
-/// grouped by descriptor in order: a request-carried limit, else an override
-/// of the exact descriptor (it takes precedence over the files), else the
-/// files' match with `replaces` applied across the request.
+/// grouped by descriptor in order: a request-carried limit, else a per-key
+/// entry of the exact descriptor (it takes precedence over the files), else
+/// the files' match with `replaces` applied across the request.
 fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule)> {
-    let Sources { rules, overrides, inline } = sources;
+    let Sources { rules, keyed, inline } = sources;
     let domain = req.domain.as_str();
     let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
     let mut out = Vec::with_capacity(req.descriptors.len());
@@ -313,8 +323,10 @@ fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule
         if let Some(Some(rule)) = inline.get(d) {
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
             out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
-        } else if let Some(Some(o)) = overrides.get(d) {
-            out.extend(o.rules.iter().enumerate().map(|(i, rule)| (d, o.counter_key(i), rule)));
+        } else if let Some(Some(e)) = keyed.get(d)
+            && let Some(limits) = e.rules_in(rules)
+        {
+            out.extend(limits.iter().enumerate().map(|(i, rule)| (d, e.counter_key(i), rule)));
         } else {
             out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));
         }

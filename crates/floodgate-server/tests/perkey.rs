@@ -1,10 +1,11 @@
-//! Runtime overrides: set, get, list, delete, persisted, validated, and
-//! durable across a crash mid-write.
+//! Per-key limits: set, get, list, delete, persisted, validated, tiers,
+//! the cache, and durable across a crash mid-write.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use floodgate_server::rules::overrides::{Entry, OverrideError, OverrideSpec, Overrides};
+use floodgate_core::rules::RuleSet;
+use floodgate_server::rules::perkey::{Entry, KeyError, KeySpec, PerKey};
 use serde_json::json;
 
 #[path = "../../floodgate/tests/common/mod.rs"]
@@ -12,12 +13,30 @@ mod common;
 
 use common::TempDir;
 
-fn spec(user: &str, limits: serde_json::Value) -> OverrideSpec {
-    OverrideSpec { domain: "api".into(), descriptor: vec![Entry { key: "user".into(), value: user.into() }], limits }
+fn spec(user: &str, limits: serde_json::Value) -> KeySpec {
+    KeySpec {
+        domain: "api".into(),
+        descriptor: vec![Entry { key: "user".into(), value: user.into() }],
+        tier: None,
+        limits: Some(limits),
+        name: None,
+    }
 }
 
-fn limit_of(o: &Overrides, user: &str) -> Option<u64> {
-    o.get("api", &[("user", user)]).map(|o| o.rules[0].limit.as_ref().unwrap().limit())
+fn tiered(user: &str, tier: &str) -> KeySpec {
+    KeySpec { tier: Some(tier.into()), limits: None, ..spec(user, json!(null)) }
+}
+
+/// Rules of domain `api` with tiers `free` (60/min) and `pro` (2 limits).
+const TIERED: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\ntiers:\n  free: {unit: minute, requests_per_unit: 60}\n  pro:\n    - {unit: second, requests_per_unit: 50}\n    - {unit: day, requests_per_unit: 1000000}\n";
+
+fn no_rules() -> RuleSet {
+    RuleSet::default()
+}
+
+fn limit_of(o: &PerKey, user: &str) -> Option<u64> {
+    let e = o.get("api", &[("user", user)])?;
+    Some(e.rules_in(&no_rules())?[0].limit.as_ref().unwrap().limit())
 }
 
 #[test]
@@ -25,28 +44,27 @@ fn set_get_list_delete_and_survive_a_restart() {
     let dir = TempDir::new("crud");
     let db = dir.0.join("overrides.redb");
     {
-        let o = Overrides::open(&db).unwrap();
+        let o = PerKey::open(&db).unwrap();
         assert!(o.is_empty());
-        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5}))).unwrap();
-        o.set(spec("bob", json!([{"algorithm": "gcra", "window": "1s", "requests_per_unit": 2, "burst": 4}, {"unit": "day", "requests_per_unit": 100}]))).unwrap();
+        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
+        o.set(spec("bob", json!([{"algorithm": "gcra", "window": "1s", "requests_per_unit": 2, "burst": 4}, {"unit": "day", "requests_per_unit": 100}])), &no_rules()).unwrap();
         assert_eq!(limit_of(&o, "alice"), Some(5));
-        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 7}))).unwrap();
-        assert_eq!(limit_of(&o, "alice"), Some(7), "set replaces");
-        assert_eq!(o.list().len(), 2);
-        assert_eq!(o.get("api", &[("user", "bob")]).unwrap().rules.len(), 2);
+        o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 7})), &no_rules()).unwrap();
+        assert_eq!(limit_of(&o, "alice"), Some(7), "set replaces (and the cache knows)");
+        assert_eq!(o.total(), 2);
+        assert_eq!(o.get("api", &[("user", "bob")]).unwrap().rules_in(&no_rules()).unwrap().len(), 2);
         assert!(o.get("api", &[("user", "carol")]).is_none());
         assert!(o.get("web", &[("user", "alice")]).is_none());
     }
-    let o = Overrides::open(&db).unwrap();
+    let o = PerKey::open(&db).unwrap();
     assert_eq!(limit_of(&o, "alice"), Some(7), "persisted");
-    assert_eq!(o.list().len(), 2);
+    assert_eq!(o.total(), 2);
     assert!(o.delete("api", &[("user", "alice")]).unwrap());
     assert!(!o.delete("api", &[("user", "alice")]).unwrap());
     drop(o);
-    let o = Overrides::open(&db).unwrap();
+    let o = PerKey::open(&db).unwrap();
     assert!(limit_of(&o, "alice").is_none(), "the delete persisted");
-    assert_eq!(o.len(), 1);
-    assert!(o.problems().is_empty());
+    assert_eq!(o.total(), 1);
     // An override's counters are its own.
     let bob = o.get("api", &[("user", "bob")]).unwrap();
     assert_ne!(bob.counter_key(0), bob.counter_key(1));
@@ -56,31 +74,43 @@ fn set_get_list_delete_and_survive_a_restart() {
 #[test]
 fn invalid_overrides_are_refused_and_change_nothing() {
     let dir = TempDir::new("invalid");
-    let o = Overrides::open(dir.0.join("o.redb")).unwrap();
-    let err = o.set(spec("alice", json!({"unit": "fortnight", "requests_per_unit": 5}))).unwrap_err();
-    assert!(matches!(&err, OverrideError::Limits(_)));
+    let o = PerKey::open(dir.0.join("o.redb")).unwrap();
+    let set = |s: KeySpec| o.set(s, &no_rules());
+    let err = set(spec("alice", json!({"unit": "fortnight", "requests_per_unit": 5}))).unwrap_err();
+    assert!(matches!(&err, KeyError::Limits(_)));
     assert!(err.to_string().contains("invalid unit `fortnight`"), "{err}");
-    let err = o.set(spec("alice", json!({"unit": "second", "burst": 3}))).unwrap_err();
+    let err = set(spec("alice", json!({"unit": "second", "burst": 3}))).unwrap_err();
     assert!(err.to_string().contains("fixed_window has no burst"), "{err}");
-    let err = o.set(spec("alice", json!({"unit": "second", "requests_per_units": 3}))).unwrap_err();
+    let err = set(spec("alice", json!({"unit": "second", "requests_per_units": 3}))).unwrap_err();
     assert!(err.to_string().contains("did you mean `requests_per_unit`"), "{err}");
-    let err = o.set(spec("alice", json!([]))).unwrap_err();
+    let err = set(spec("alice", json!([]))).unwrap_err();
     assert!(err.to_string().contains("empty list"), "{err}");
-    let err = o.set(OverrideSpec { descriptor: vec![], ..spec("x", json!({"unit": "second"})) }).unwrap_err();
-    assert!(matches!(err, OverrideError::Invalid(_)), "{err}");
+    let err = set(KeySpec { descriptor: vec![], ..spec("x", json!({"unit": "second"})) }).unwrap_err();
+    assert!(matches!(err, KeyError::Invalid(_)), "{err}");
     let long = "x".repeat(2_000);
-    assert!(o.set(spec(&long, json!({"unit": "second"}))).is_err());
+    assert!(set(spec(&long, json!({"unit": "second"}))).is_err());
+    let err = set(spec("a\u{0}b", json!({"unit": "second"}))).unwrap_err();
+    assert!(err.to_string().contains("control characters"), "{err}");
+    let err = set(KeySpec { tier: Some("pro".into()), ..spec("x", json!({"unit": "second"})) }).unwrap_err();
+    assert!(err.to_string().contains("either tier or limits"), "{err}");
+    let err = set(KeySpec { limits: None, ..spec("x", json!(null)) }).unwrap_err();
+    assert!(err.to_string().contains("give tier"), "{err}");
+    let err = set(tiered("x", "pro")).unwrap_err();
+    assert!(err.to_string().contains("domain `api` has no rules file"), "{err}");
+    let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
+    let err = o.set(tiered("x", "gold"), &rules).unwrap_err();
+    assert!(err.to_string().contains("unknown tier `gold` in domain `api` (its tiers: free, pro)"), "{err}");
     assert!(o.is_empty());
 }
 
 /// A service over the in-memory store on one rules file for domain `api`,
-/// with overrides (in `dir`) and its metrics.
+/// with per-key entries (in `dir`) and its metrics.
 fn memory_service(
     dir: &TempDir,
     rules_yaml: &str,
 ) -> (
     floodgate_server::service::Service<floodgate_core::MemoryStore>,
-    std::sync::Arc<Overrides>,
+    std::sync::Arc<PerKey>,
     std::sync::Arc<floodgate_server::runtime::metrics::Metrics>,
 ) {
     use std::sync::Arc;
@@ -94,7 +124,7 @@ fn memory_service(
 
     std::fs::create_dir_all(dir.0.join("rules")).unwrap();
     std::fs::write(dir.0.join("rules/api.yaml"), rules_yaml).unwrap();
-    let o = Arc::new(Overrides::open(dir.0.join("o.redb")).unwrap());
+    let o = Arc::new(PerKey::open(dir.0.join("o.redb")).unwrap());
     let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
     let metrics = Arc::new(Metrics::new());
     let limiter = Limiter::new(MemoryStore::new(), MemoryStore::new());
@@ -128,7 +158,7 @@ fn an_override_takes_precedence_over_the_files() {
     assert_eq!(before.len(), 1);
     assert!(!before[0].0.contains("@override"), "from the files: {before:?}");
     assert_eq!(before[0].1, 10);
-    o.set(spec("alice", json!({"unit": "minute", "requests_per_unit": 1000}))).unwrap();
+    o.set(spec("alice", json!({"unit": "minute", "requests_per_unit": 1000})), &no_rules()).unwrap();
     let after = resolve("user", "alice");
     assert!(after[0].0.contains("@override"), "from the override: {after:?}");
     assert_eq!(after[0].1, 1000);
@@ -137,10 +167,13 @@ fn an_override_takes_precedence_over_the_files() {
     // still be overridden.
     assert_eq!(resolve("user", "bob")[0].1, 10);
     assert!(resolve("ip", "1.2.3.4").is_empty());
-    o.set(OverrideSpec {
-        descriptor: vec![Entry { key: "ip".into(), value: "1.2.3.4".into() }],
-        ..spec("x", json!({"unit": "second", "requests_per_unit": 0}))
-    })
+    o.set(
+        KeySpec {
+            descriptor: vec![Entry { key: "ip".into(), value: "1.2.3.4".into() }],
+            ..spec("x", json!({"unit": "second", "requests_per_unit": 0}))
+        },
+        &no_rules(),
+    )
     .unwrap();
     assert_eq!(resolve("ip", "1.2.3.4")[0].1, 0);
     o.delete("api", &[("user", "alice")]).unwrap();
@@ -152,9 +185,9 @@ fn an_override_takes_precedence_over_the_files() {
 #[test]
 fn crash_child_writer() {
     let Ok(path) = std::env::var("FLOODGATE_CRASH_CHILD_DB") else { return };
-    let o = Overrides::open(path).unwrap();
+    let o = PerKey::open(path).unwrap();
     for i in 1u64.. {
-        o.set(spec(&format!("u{}", i % 20), json!({"unit": "minute", "requests_per_unit": i}))).unwrap();
+        o.set(spec(&format!("u{}", i % 20), json!({"unit": "minute", "requests_per_unit": i})), &no_rules()).unwrap();
         #[allow(clippy::print_stdout)] // the parent reads these lines
         {
             println!("ok {i}");
@@ -187,8 +220,7 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
         assert_eq!(acked.len(), 40 + round * 17, "the writer child did not run");
         child.kill().unwrap(); // SIGKILL: no destructor, no flush
         child.wait().unwrap();
-        let o = Overrides::open(&db).expect("the database opens after a crash");
-        assert!(o.problems().is_empty(), "{:?}", o.problems());
+        let o = PerKey::open(&db).expect("the database opens after a crash");
         // Every acknowledged write is there (or a later one for that user).
         let mut last = std::collections::HashMap::new();
         for i in acked {
@@ -232,7 +264,7 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
     }
     assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)]);
     // An override applies on the synchronous path too.
-    o.set(spec("bob", json!({"unit": "minute", "requests_per_unit": 1}))).unwrap();
+    o.set(spec("bob", json!({"unit": "minute", "requests_per_unit": 1})), &no_rules()).unwrap();
     let first = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
     let second = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
     assert_eq!((first.allowed, second.allowed), (true, false));
@@ -249,4 +281,221 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(proxy_requests, 9.0, "{text}");
+}
+
+/// The `(counter key, limit)` of every limit applying to `user=<user>`.
+fn resolve(
+    service: &floodgate_server::service::Service<floodgate_core::MemoryStore>,
+    user: &str,
+) -> Vec<(String, u64)> {
+    use floodgate_server::service::{Descriptor, Request};
+    let req = Request {
+        domain: "api".into(),
+        descriptors: vec![Descriptor { entries: vec![("user".into(), user.into())], ..Descriptor::default() }],
+        hits_addend: 0,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|(key, info, _)| (key, info.requests_per_unit)).collect()
+}
+
+#[test]
+fn tiers_apply_by_name_and_follow_the_rules_file() {
+    use floodgate_server::runtime::metrics::Protocol;
+    use floodgate_server::service::{Descriptor, Request};
+
+    let dir = TempDir::new("tiers");
+    let (service, o, metrics) = memory_service(&dir, TIERED);
+    let rules = service.rules().current();
+    o.set(tiered("alice", "free"), &rules).unwrap();
+    o.set(tiered("bob", "pro"), &rules).unwrap();
+    let alice = resolve(&service, "alice");
+    assert_eq!(alice.len(), 1);
+    assert!(alice[0].0.ends_with("@tier:free#0"), "{alice:?}");
+    assert_eq!(alice[0].1, 60);
+    assert_eq!(resolve(&service, "bob").iter().map(|r| r.1).collect::<Vec<_>>(), [50, 1_000_000]);
+    assert_eq!(resolve(&service, "carol")[0].1, 10, "no entry: the files' rule");
+    assert_eq!(
+        o.counts(),
+        [("api".to_owned(), "free".to_owned(), 1), ("api".to_owned(), "pro".to_owned(), 1)],
+        "counted per (domain, tier)"
+    );
+    // Editing the tier changes every key on it, with no per-key write.
+    std::fs::write(dir.0.join("rules/api.yaml"), TIERED.replace("requests_per_unit: 60", "requests_per_unit: 120"))
+        .unwrap();
+    assert!(service.rules().reload().unwrap());
+    assert_eq!(resolve(&service, "alice")[0].1, 120);
+    // Decisions under a tier are labelled by the tier, never by the key.
+    let req = Request {
+        domain: "api".into(),
+        descriptors: vec![Descriptor { entries: vec![("user".into(), "alice".into())], ..Descriptor::default() }],
+        hits_addend: 1,
+    };
+    assert!(service.decide_now(&req, Protocol::Proxy).unwrap().unwrap().allowed);
+    let mut text = String::new();
+    metrics.render(&mut text);
+    assert!(text.contains("tier:free"), "{text}");
+    assert!(!text.contains("alice"), "{text}");
+}
+
+#[test]
+fn a_reload_that_removes_a_used_tier_is_refused() {
+    let dir = TempDir::new("tier-reload");
+    let (service, o, _) = memory_service(&dir, TIERED);
+    let checker = o.clone();
+    service.rules().add_check(move |set| checker.check_rules(set)).unwrap();
+    o.set(tiered("alice", "free"), &service.rules().current()).unwrap();
+    let without_free = TIERED.replace("  free: {unit: minute, requests_per_unit: 60}\n", "");
+    std::fs::write(dir.0.join("rules/api.yaml"), &without_free).unwrap();
+    let err = service.rules().reload().unwrap_err().to_string();
+    assert!(err.contains("api.yaml:1:9: tiers.free: 1 per-key entries of domain `api` name tier `free`"), "{err}");
+    assert_eq!(resolve(&service, "alice")[0].1, 60, "the last good rules stay");
+    // Once no entry names it, the tier may go.
+    assert!(o.delete("api", &[("user", "alice")]).unwrap());
+    assert!(service.rules().reload().unwrap());
+    assert!(service.rules().current().domain("api").unwrap().tier("free").is_none());
+}
+
+#[test]
+fn an_entry_whose_tier_is_gone_falls_back_to_the_files_rules() {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let dir = TempDir::new("tier-gone");
+    let (service, o, _) = memory_service(&dir, TIERED);
+    o.set(tiered("alice", "free"), &service.rules().current()).unwrap();
+    // No check installed: the tier disappears under the entry (as when
+    // another instance wrote it, or the file was edited while stopped).
+    std::fs::write(dir.0.join("rules/api.yaml"), TIERED.replace("  free: {unit: minute, requests_per_unit: 60}\n", ""))
+        .unwrap();
+    assert!(service.rules().reload().unwrap());
+    let got = resolve(&service, "alice");
+    assert_eq!(got[0].1, 10, "the files' rule: {got:?}");
+    assert!(!got[0].0.contains('@'), "{got:?}");
+    assert!(o.stats().unknown_tier.load(Relaxed) >= 1);
+}
+
+#[test]
+fn the_cache_holds_no_entry_answers_and_reads_each_key_once() {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let dir = TempDir::new("cache");
+    let o = std::sync::Arc::new(PerKey::open(dir.0.join("o.redb")).unwrap());
+    // A domain with no entries at all costs no lookup.
+    assert!(o.get("api", &[("user", "nobody")]).is_none());
+    assert_eq!(o.stats().misses.load(Relaxed), 0);
+    o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
+    assert!(o.get("api", &[("user", "nobody")]).is_none());
+    assert!(o.get("api", &[("user", "nobody")]).is_none());
+    assert_eq!((o.stats().misses.load(Relaxed), o.stats().hits.load(Relaxed)), (1, 1), "'none' is cached");
+    // Eight threads missing one key at once: one read.
+    let before = o.stats().misses.load(Relaxed);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (o, barrier) = (o.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                o.get("api", &[("user", "alice")]).is_some()
+            })
+        })
+        .collect();
+    assert!(threads.into_iter().all(|t| t.join().unwrap()));
+    assert_eq!(o.stats().misses.load(Relaxed) - before, 1);
+    // A write drops its key: the next lookup reads the new entry.
+    o.set(spec("nobody", json!({"unit": "second", "requests_per_unit": 3})), &no_rules()).unwrap();
+    assert_eq!(limit_of(&o, "nobody"), Some(3));
+}
+
+#[test]
+fn cached_answers_expire_after_their_time_to_live() {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use floodgate_server::rules::perkey::CacheOptions;
+
+    let dir = TempDir::new("ttl");
+    let cache = CacheOptions { entries: 10, ttl: std::time::Duration::from_millis(50) };
+    let o = PerKey::open_with(dir.0.join("o.redb"), cache).unwrap();
+    o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
+    assert!(o.get("api", &[("user", "alice")]).is_some());
+    assert!(o.get("api", &[("user", "alice")]).is_some());
+    assert_eq!(o.stats().misses.load(Relaxed), 1);
+    std::thread::sleep(std::time::Duration::from_millis(80));
+    assert!(o.get("api", &[("user", "alice")]).is_some());
+    assert_eq!(o.stats().misses.load(Relaxed), 2, "read again after the time to live");
+}
+
+#[test]
+fn a_batch_is_all_or_nothing_and_counted_per_tier() {
+    let dir = TempDir::new("batch");
+    let o = PerKey::open(dir.0.join("o.redb")).unwrap();
+    let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
+    let mut batch: Vec<KeySpec> = (0..1_000).map(|i| tiered(&format!("u{i:04}"), "free")).collect();
+    batch[500] = tiered("u0500", "gold");
+    batch[700] = spec("u0700", json!({"unit": "fortnight"}));
+    let errors = PerKey::validate(batch.clone(), &rules, |_| None).unwrap_err();
+    assert_eq!(errors.iter().map(|e| e.0).collect::<Vec<_>>(), [500, 700]);
+    assert!(o.is_empty(), "nothing written");
+    batch[500] = tiered("u0500", "pro");
+    batch[700] = spec("u0700", json!({"unit": "second", "requests_per_unit": 1}));
+    let built = PerKey::validate(batch, &rules, |_| None).unwrap();
+    assert_eq!(o.write_all(built).unwrap(), 1_000);
+    assert_eq!(
+        o.counts(),
+        [
+            ("api".to_owned(), String::new(), 1),
+            ("api".to_owned(), "free".to_owned(), 998),
+            ("api".to_owned(), "pro".to_owned(), 1)
+        ]
+    );
+    // Moving a key to another tier moves its count.
+    o.set(tiered("u0001", "pro"), &rules).unwrap();
+    assert_eq!(o.counts()[1].2, 997);
+    assert_eq!(o.counts()[2].2, 2);
+}
+
+#[test]
+fn listings_page_in_order_by_domain_and_prefix() {
+    let dir = TempDir::new("pages");
+    let o = PerKey::open(dir.0.join("o.redb")).unwrap();
+    for u in ["alan", "alice", "albert", "bob"] {
+        o.set(spec(u, json!({"unit": "second", "requests_per_unit": 1})), &no_rules()).unwrap();
+    }
+    o.set(KeySpec { domain: "api2".into(), ..spec("alice", json!({"unit": "second"})) }, &no_rules()).unwrap();
+    let users = |p: &floodgate_server::rules::perkey::Page| {
+        p.entries.iter().map(|(s, _)| format!("{}/{}", s.domain, s.descriptor[0].value)).collect::<Vec<_>>()
+    };
+    let p1 = o.page(Some("api"), "user=al", false, None, 2).unwrap();
+    assert_eq!(users(&p1), ["api/alan", "api/albert"]);
+    let p2 = o.page(Some("api"), "user=al", false, p1.next_cursor.as_deref(), 2).unwrap();
+    assert_eq!(users(&p2), ["api/alice"]);
+    assert!(p2.next_cursor.is_none());
+    assert_eq!(users(&o.page(Some("api"), "", false, None, 10).unwrap()).len(), 4, "api2 is another domain");
+    assert_eq!(users(&o.page(Some("api"), "user=alice", true, None, 10).unwrap()), ["api/alice"]);
+    assert!(o.page(Some("api"), "user=ali", true, None, 10).unwrap().entries.is_empty());
+    assert_eq!(users(&o.page(None, "", false, None, 10).unwrap()).len(), 5);
+    assert!(o.page(None, "user=a", false, None, 10).is_err(), "a prefix needs a domain");
+    assert!(o.page(Some("api"), "", false, Some("zz-not-hex"), 10).is_err());
+}
+
+#[test]
+fn a_database_from_before_tiers_is_migrated_on_open() {
+    let dir = TempDir::new("migrate");
+    let path = dir.0.join("o.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let def: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("overrides");
+            let mut t = txn.open_table(def).unwrap();
+            let old = json!({"spec": {"domain": "api", "descriptor": [{"key": "user", "value": "vip"}], "limits": {"unit": "second", "requests_per_unit": 9}}, "updated_at": 1_700_000_000u64});
+            t.insert("3:api|4:user|3:vip", old.to_string().as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let o = PerKey::open(&path).unwrap();
+    assert_eq!(limit_of(&o, "vip"), Some(9));
+    assert_eq!(o.page(Some("api"), "", false, None, 10).unwrap().entries[0].1, 1_700_000_000);
+    drop(o);
+    // Opened again, it is simply there (the old table is gone).
+    let o = PerKey::open(&path).unwrap();
+    assert_eq!(o.total(), 1);
 }

@@ -42,6 +42,10 @@ pub(crate) enum Command {
     /// Load a running server (gRPC or the JSON endpoint) and print
     /// throughput, latency percentiles and the allowed/denied split.
     Bench(BenchArgs),
+    /// Per-key limits on a running server (its admin API): get, set and
+    /// delete one entry, import and export many (JSON lines or CSV), count
+    /// them per tier.
+    Keys(KeysArgs),
 }
 
 #[derive(Debug, Args)]
@@ -157,10 +161,17 @@ pub(crate) struct CommonArgs {
     /// for `/dashboard` on the admin address: `on` or `off`.
     #[arg(long, env = "FLOODGATE_DASHBOARD", default_value = "on", value_parser = ["on", "off"])]
     pub(crate) dashboard: String,
-    /// File where runtime overrides persist, or `none` to disable them
-    /// (default: STATE_DIR/INSTANCE/overrides.redb).
+    /// File where per-key entries (and runtime overrides) persist, or
+    /// `none` to disable them (default: STATE_DIR/INSTANCE/overrides.redb).
     #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]
     pub(crate) overrides_file: Option<String>,
+    /// Per-key lookups cached (entries and "no entry" answers alike; about
+    /// 200 bytes each), evicted by S3-FIFO.
+    #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
+    pub(crate) key_cache: usize,
+    /// How long a cached per-key answer is used before it is read again.
+    #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL", default_value = "60s")]
+    pub(crate) key_cache_ttl: String,
     /// Where instances keep their own files (default: $XDG_STATE_HOME/floodgate,
     /// else ~/.local/state/floodgate).
     #[arg(long, env = "FLOODGATE_STATE_DIR")]
@@ -393,4 +404,83 @@ pub(crate) struct RegionSimArgs {
     /// Seeds per bounded row of --goals (each must keep the cap).
     #[arg(long, default_value_t = 100)]
     pub(crate) goals_seeds: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KeysArgs {
+    #[command(subcommand)]
+    pub(crate) action: KeysAction,
+    /// The server's admin address.
+    #[arg(long, global = true, env = "FLOODGATE_ADMIN_ADDR", default_value = "127.0.0.1:9090")]
+    pub(crate) admin_addr: String,
+    /// The server's admin token.
+    #[arg(long, global = true, env = "FLOODGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
+}
+
+/// One entry: its domain and exact descriptor.
+#[derive(Debug, Args)]
+pub(crate) struct KeyRef {
+    /// The domain.
+    #[arg(long)]
+    pub(crate) domain: String,
+    /// A descriptor entry, KEY=VALUE; repeat it for each entry, in order.
+    #[arg(long = "descriptor", short = 'd', required = true)]
+    pub(crate) descriptor: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum KeysAction {
+    /// Print one entry (exit 1 when there is none).
+    Get(KeyRef),
+    /// Set one entry: a tier of the domain, or its own limits.
+    Set {
+        #[command(flatten)]
+        key: KeyRef,
+        /// A tier of the domain's rules file.
+        #[arg(long, conflicts_with = "limits", required_unless_present = "limits")]
+        tier: Option<String>,
+        /// Its own limits: a rate_limit block (or a list) as JSON, e.g.
+        /// '{"unit": "second", "requests_per_unit": 5}'.
+        #[arg(long)]
+        limits: Option<String>,
+        /// The metrics label of its own limits (default per-key).
+        #[arg(long, requires = "limits")]
+        name: Option<String>,
+    },
+    /// Delete one entry (exit 1 when there was none).
+    Delete(KeyRef),
+    /// Write the entries of FILE (JSON lines, or CSV with a header) in
+    /// batches, each all or nothing; a bad line stops the import, reported
+    /// with its line number (the batches before it are written; importing
+    /// again is harmless: an entry is set, not added).
+    Import {
+        /// The file (`-`: standard input).
+        file: String,
+        /// jsonl or csv (default: from the file name; `.csv` is CSV).
+        #[arg(long)]
+        format: Option<String>,
+        /// Entries per batch (one transaction on the server), up to 10000.
+        #[arg(long, default_value_t = 5_000)]
+        batch: usize,
+    },
+    /// Write every entry (of --domain, under --prefix) as JSON lines or
+    /// CSV, in (domain, descriptor) order.
+    Export {
+        /// Only this domain.
+        #[arg(long)]
+        domain: Option<String>,
+        /// Only descriptors starting so, written KEY=VALUE, KEY=VALUE (needs
+        /// --domain).
+        #[arg(long, requires = "domain", default_value = "")]
+        prefix: String,
+        /// jsonl or csv (default: from --output's name; JSON lines).
+        #[arg(long)]
+        format: Option<String>,
+        /// The file to write (default: standard output).
+        #[arg(long)]
+        output: Option<String>,
+    },
+    /// Entries per (domain, tier).
+    Tiers,
 }

@@ -7,6 +7,7 @@ mod bench;
 mod check;
 mod cli;
 mod exit;
+mod keys;
 mod serve;
 mod simulate;
 mod validate;
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
         cli::Command::Proxy(args) => serve::run_proxy(&args),
         cli::Command::Check(args) => check::run(&args),
         cli::Command::Bench(args) => bench::run(&args),
+        cli::Command::Keys(args) => keys::run(&args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),

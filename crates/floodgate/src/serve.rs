@@ -9,6 +9,7 @@ use floodgate_core::parse_duration;
 use std::time::Duration;
 
 use floodgate_server::proxy::{ProxyConfig, Upstream};
+use floodgate_server::rules::perkey::CacheOptions;
 use floodgate_server::rules::reload::RulesSource;
 use floodgate_server::runtime::regions::RegionsConfig;
 use floodgate_server::runtime::state::{self, OverridesFile};
@@ -114,6 +115,10 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         return Err(Failure::usage("--max-streams: give at least 1"));
     }
     let header_timeout = duration("header-timeout", &args.header_timeout)?;
+    if args.key_cache == 0 {
+        return Err(Failure::usage("--key-cache: give at least 1"));
+    }
+    let key_cache = CacheOptions { entries: args.key_cache, ttl: duration("key-cache-ttl", &args.key_cache_ttl)? };
     let admin_addr = addr("admin-addr", &args.admin_addr)?;
     let overrides = match args.overrides_file.as_deref() {
         Some("none" | "") => OverridesFile::Off,
@@ -137,6 +142,7 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
         admin_token: args.admin_token.clone(),
         headers,
         overrides,
+        key_cache,
         redis,
         max_keys: args.max_keys,
         max_connections: args.max_connections,

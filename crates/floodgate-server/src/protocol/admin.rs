@@ -7,9 +7,12 @@
 //! | `GET /admin/v1/status` | rules source, reload status and errors, warnings (e.g. the proxy's domain has no rules), store health |
 //! | `GET /admin/v1/rules` | loaded domains and rules, with file:line, and the warnings |
 //! | `POST /admin/v1/reload` | reload the rules now (422 with every error; the last good rules stay) |
-//! | `GET /admin/v1/overrides` | overrides in (domain, descriptor) order, a page at a time: `?domain=&prefix=&cursor=&limit=` (prefix of the descriptor written `key=value, key=value`, or that descriptor exactly with `exact=true`; `next_cursor` fetches the next page; `limit` up to 1000, default 100) |
-//! | `PUT /admin/v1/overrides` | set one: `{"domain", "descriptor": [{"key","value"}], "limits": {rate_limit} or [..]}` |
-//! | `DELETE /admin/v1/overrides` | delete one: `{"domain", "descriptor": [...]}` |
+//! | `GET /admin/v1/keys` | per-key entries in (domain, descriptor) order, a page at a time: `?domain=&prefix=&cursor=&limit=` (prefix of the descriptor written `key=value, key=value`, or that descriptor exactly with `exact=true`; `next_cursor` fetches the next page; `limit` up to 1000, default 100) |
+//! | `PUT /admin/v1/keys` | set one: `{"domain", "descriptor": [{"key","value"}], "tier": "pro"}`, or `"limits": {rate_limit} or [..]` instead of `tier` (and an optional `"name"`, its metrics label) |
+//! | `DELETE /admin/v1/keys` | delete one: `{"domain", "descriptor": [...]}` |
+//! | `POST /admin/v1/keys/import` | set up to 10 000 at once, all or none: `{"entries": [ ... ]}`; a refusal lists every bad entry by index |
+//! | `GET /admin/v1/tiers` | entries per (domain, tier) |
+//! | `/admin/v1/overrides` | the same as `/admin/v1/keys` (GET, PUT, DELETE), as before tiers: listings under `overrides` |
 //! | `POST /admin/v1/counters` | one descriptor's current counters, without taking anything: `{"domain", "descriptor": [...]}` |
 //! | `GET /admin/v1/dashboard` | the dashboard's data now (`?top=N` keys per table, default 10): status, store health, per-rule decisions per second and top keys |
 //! | `GET /admin/v1/dashboard/stream` | the same, one JSON line a second (NDJSON, streamed) for as long as the client reads |
@@ -34,7 +37,7 @@ use serde_json::{Value, json};
 use crate::Backend;
 use crate::protocol::http::{ApiError, body, error};
 use crate::protocol::json::parse;
-use crate::rules::overrides::{Entry, OverrideError, OverrideSpec};
+use crate::rules::perkey::{Entry, KeyError, KeySpec, MAX_BATCH, PerKey};
 use crate::service::{Descriptor, Request as RlRequest, Service};
 
 /// What the admin handlers share.
@@ -54,7 +57,10 @@ pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
         .route("/admin/v1/status", get(status::<S>))
         .route("/admin/v1/rules", get(rules::<S>))
         .route("/admin/v1/reload", post(reload::<S>))
-        .route("/admin/v1/overrides", get(list::<S>).put(set::<S>).delete(delete::<S>))
+        .route("/admin/v1/keys", get(list::<S>).put(set::<S>).delete(delete::<S>))
+        .route("/admin/v1/overrides", get(list_overrides::<S>).put(set::<S>).delete(delete::<S>))
+        .route("/admin/v1/keys/import", post(import::<S>).layer(DefaultBodyLimit::max(IMPORT_BODY_LIMIT)))
+        .route("/admin/v1/tiers", get(tiers::<S>))
         .route("/admin/v1/counters", post(counters::<S>))
         .route("/admin/v1/dashboard", get(dashboard::<S>))
         .route("/admin/v1/dashboard/stream", get(dashboard_stream::<S>))
@@ -62,7 +68,7 @@ pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "",
-                "no such admin endpoint: see /dashboard, /admin/v1/status, rules, reload, overrides, counters, dashboard",
+                "no such admin endpoint: see /dashboard, /admin/v1/status, rules, reload, keys, keys/import, tiers, counters, dashboard",
             )
         })
         .method_not_allowed_fallback(|| async {
@@ -97,19 +103,28 @@ async fn auth<S: Backend>(State(state): State<Arc<AdminState<S>>>, req: Request,
     next.run(req).await
 }
 
-fn override_error(e: OverrideError) -> ApiError {
+fn key_error(e: KeyError) -> ApiError {
     match e {
-        OverrideError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "", m),
-        OverrideError::Limits(errs) => ApiError::new(StatusCode::BAD_REQUEST, "limits", errs),
-        OverrideError::Storage(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", m),
-        e @ OverrideError::InUse(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", e.to_string()),
-        e @ OverrideError::Shared(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "", e.to_string()),
+        KeyError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "", m),
+        KeyError::Limits(errs) => ApiError::new(StatusCode::BAD_REQUEST, "limits", errs),
+        KeyError::Storage(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", m),
+        e @ KeyError::InUse(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "", e.to_string()),
+        e @ KeyError::Shared(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "", e.to_string()),
     }
 }
 
-fn no_overrides() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "", "overrides are disabled on this server (start it with --overrides-file)")
+fn keys_of<S: Backend>(state: &AdminState<S>) -> Result<&Arc<PerKey>, ApiError> {
+    state.service.keys().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "",
+            "per-key entries are disabled on this server (start it without --overrides-file none)",
+        )
+    })
 }
+
+/// Largest import batch body: 10 000 entries of up to ~1.6 KiB each.
+const IMPORT_BODY_LIMIT: usize = 16 << 20;
 
 async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let current = state.service.rules().current();
@@ -134,7 +149,26 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
                     })
                 })
                 .collect();
-            json!({ "domain": d.name(), "file": file, "rules": rules })
+            let mut tiers: Vec<Value> = d
+                .tiers()
+                .map(|(name, t)| {
+                    let limits: Vec<Value> = t
+                        .rules
+                        .iter()
+                        .map(|r| {
+                            json!({
+                                "name": r.name.as_deref(),
+                                "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
+                                "limit": r.limit.as_ref().map(|l| l.limit()),
+                                "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
+                            })
+                        })
+                        .collect();
+                    json!({ "tier": name, "limits": limits, "at": format!("{file}:{}:{}", t.pos.line, t.pos.col) })
+                })
+                .collect();
+            tiers.sort_by(|a, b| a["tier"].as_str().cmp(&b["tier"].as_str()));
+            json!({ "domain": d.name(), "file": file, "rules": rules, "tiers": tiers })
         })
         .collect();
     domains.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
@@ -183,48 +217,66 @@ struct ListQuery {
 /// Most overrides one page lists.
 const MAX_PAGE: usize = 1_000;
 
-/// A descriptor as the listing orders and filters it: `key=value, key=value`.
-fn descriptor_text(d: &[Entry]) -> String {
-    d.iter().map(|e| format!("{}={}", e.key, e.value)).collect::<Vec<_>>().join(", ")
-}
-
 async fn list<S: Backend>(
     State(state): State<Arc<AdminState<S>>>,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let o = state.service.overrides().ok_or_else(no_overrides)?;
+    listing(&state, query, "entries")
+}
+
+/// `GET /admin/v1/overrides`: the listing as before tiers (under
+/// `overrides`).
+async fn list_overrides<S: Backend>(
+    State(state): State<Arc<AdminState<S>>>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    listing(&state, query, "overrides")
+}
+
+fn listing<S: Backend>(
+    state: &AdminState<S>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    field: &str,
+) -> Result<Response, ApiError> {
+    let k = keys_of(state)?;
     let axum::extract::Query(q) = query.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "query",
-            format!("{}; give domain, prefix, cursor and limit", e.body_text()),
+            format!("{}; give domain, prefix, exact, cursor and limit", e.body_text()),
         )
     })?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "limit", format!("give 1 to {MAX_PAGE}")));
     }
-    // Ordered by (domain, descriptor text); the cursor is the last listed.
-    let mut all: Vec<(String, Arc<crate::rules::overrides::Override>)> = o
-        .list()
+    let page = k.page(q.domain.as_deref(), &q.prefix, q.exact, q.cursor.as_deref(), limit).map_err(key_error)?;
+    let listed: Vec<Value> = page.entries.iter().map(|(spec, at)| entry_json(spec, *at)).collect();
+    let mut out = serde_json::Map::new();
+    out.insert(field.to_owned(), Value::Array(listed));
+    out.insert("next_cursor".into(), json!(page.next_cursor));
+    out.insert("total".into(), json!(k.total()));
+    Ok(axum::Json(Value::Object(out)).into_response())
+}
+
+/// An entry as the API shows it.
+fn entry_json(spec: &KeySpec, updated_at: u64) -> Value {
+    let mut v = serde_json::to_value(spec).unwrap_or_default();
+    v["updated_at_unix_s"] = json!(updated_at);
+    v
+}
+
+async fn tiers<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Result<Response, ApiError> {
+    let k = keys_of(&state)?;
+    let rows: Vec<Value> = k
+        .counts()
         .into_iter()
-        .filter(|o| q.domain.as_ref().is_none_or(|d| &o.spec.domain == d))
-        .map(|o| (format!("{}\u{0}{}", o.spec.domain, descriptor_text(&o.spec.descriptor)), o))
-        .filter(|(k, o)| {
-            let text = &k[o.spec.domain.len() + 1..];
-            if q.exact { text == q.prefix } else { text.starts_with(&q.prefix) }
+        .map(|(domain, tier, n)| {
+            let tier = (!tier.is_empty()).then_some(tier);
+            json!({ "domain": domain, "tier": tier, "entries": n })
         })
         .collect();
-    all.sort_by(|a, b| a.0.cmp(&b.0));
-    let start = q.cursor.as_ref().map_or(0, |c| all.partition_point(|(k, _)| k <= c));
-    let page = &all[start..all.len().min(start + limit)];
-    let next = (start + page.len() < all.len()).then(|| page.last().map(|(k, _)| k.clone())).flatten();
-    let listed: Vec<Value> = page
-        .iter()
-        .map(|(_, o)| json!({ "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": o.spec.limits, "updated_at_unix_s": o.updated_at }))
-        .collect();
-    Ok(axum::Json(json!({ "overrides": listed, "next_cursor": next, "total": o.len(), "problems": o.problems() }))
-        .into_response())
+    Ok(axum::Json(json!({ "tiers": rows, "total": k.total() })).into_response())
 }
 
 /// `?top=N` of the dashboard's calls.
@@ -267,19 +319,52 @@ async fn set<S: Backend>(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let o = state.service.overrides().ok_or_else(no_overrides)?;
-    let spec: OverrideSpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
-    // A global limit needs peer regions here, as in the rules files.
-    if let Ok(rules) = floodgate_core::rules::parse_limits("limits", &spec.limits.to_string(), "override") {
-        let regions = state.service.store().regions_count();
-        if let Some(why) = rules.iter().find_map(|r| crate::runtime::regions::check_rule(r, regions)) {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "limits", why));
-        }
-    }
-    let o = o.put(spec).await.map_err(override_error)?;
-    let n = o.rules.len();
-    Ok(axum::Json(json!({ "set": true, "domain": o.spec.domain, "descriptor": o.spec.descriptor, "limits": n }))
+    let k = keys_of(&state)?;
+    let spec: KeySpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
+    let regions = state.service.store().regions_count();
+    let e = k.put(spec, &state.service.rules().current(), regions).await.map_err(key_error)?;
+    let limits = e.rules_in(&state.service.rules().current()).map_or(0, <[_]>::len);
+    Ok(axum::Json(json!({ "set": true, "domain": e.spec.domain, "descriptor": e.spec.descriptor, "tier": e.spec.tier, "limits": limits }))
         .into_response())
+}
+
+/// `POST /admin/v1/keys/import`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    entries: Vec<KeySpec>,
+}
+
+async fn import<S: Backend>(
+    State(state): State<Arc<AdminState<S>>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let k = keys_of(&state)?;
+    let batch: Batch = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
+    if batch.entries.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "entries",
+            format!("{} entries: send at most {MAX_BATCH} per batch", batch.entries.len()),
+        ));
+    }
+    let regions = state.service.store().regions_count();
+    let check = |r: &floodgate_core::rules::Rule| crate::runtime::regions::check_rule(r, regions);
+    let built = match PerKey::validate(batch.entries, &state.service.rules().current(), check) {
+        Ok(b) => b,
+        Err(errors) => {
+            let errors: Vec<Value> =
+                errors.iter().map(|(i, e)| json!({ "index": i, "error": e.to_string() })).collect();
+            return Ok((
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({ "error": "nothing of this batch was written", "errors": errors })),
+            )
+                .into_response());
+        }
+    };
+    let n = k.put_all(built).await.map_err(key_error)?;
+    Ok(axum::Json(json!({ "written": n, "total": k.total() })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -294,13 +379,13 @@ async fn delete<S: Backend>(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let o = state.service.overrides().ok_or_else(no_overrides)?;
+    let k = keys_of(&state)?;
     let d: DescriptorRef = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let entries: Vec<(&str, &str)> = d.descriptor.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-    if o.remove(&d.domain, &entries).await.map_err(override_error)? {
+    if k.remove(&d.domain, &entries).await.map_err(key_error)? {
         Ok(axum::Json(json!({ "deleted": true })).into_response())
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, "descriptor", "no override for this domain and descriptor"))
+        Err(ApiError::new(StatusCode::NOT_FOUND, "descriptor", "no per-key entry for this domain and descriptor"))
     }
 }
 

@@ -254,8 +254,8 @@ async fn metrics<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response
         "1 when the last reload succeeded.",
         u8::from(rules.status().last_error.is_none()),
     );
-    if let Some(o) = service.overrides() {
-        gauge(&mut out, "floodgate_overrides", "gauge", "Runtime overrides in effect.", o.len());
+    if let Some(k) = service.keys() {
+        crate::runtime::metrics::render_keys(&mut out, k);
     }
     service.store().render_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()

@@ -1,8 +1,9 @@
 //! Where limits come from: the hot-reloaded rules files (or the bundled
-//! ones compiled in), and the runtime overrides for exact descriptors.
+//! ones compiled in), and per-key limits for exact descriptors (millions of
+//! them, on disk, each naming a tier of the rules or giving its own).
 
 mod bundled;
-pub mod overrides;
+pub mod perkey;
 pub mod reload;
 
 pub use bundled::BUNDLED_RULES;

@@ -103,7 +103,7 @@ pub struct Rules {
     /// and whether that reload succeeded.
     seen: Mutex<(u64, bool)>,
     on_reload: Mutex<Vec<OnReload>>,
-    check: Mutex<Option<Check>>,
+    checks: Mutex<Vec<Check>>,
     /// Domains an adapter decides in (the proxy's), and which adapter.
     required: Mutex<Vec<(String, &'static str)>>,
     reloads: AtomicU64,
@@ -145,7 +145,7 @@ impl Rules {
             status: Mutex::new(Status { loaded_at: Some(SystemTime::now()), ..Status::default() }),
             seen: Mutex::new((digest, true)),
             on_reload: Mutex::new(Vec::new()),
-            check: Mutex::new(None),
+            checks: Mutex::new(Vec::new()),
             required: Mutex::new(Vec::new()),
             reloads: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -179,9 +179,10 @@ impl Rules {
     }
 
     /// Hold every rule set, the one in use now and each reload's, to `check`
-    /// as well: a reload it refuses keeps the last good rules, as any bad
-    /// reload does. Fails (installing nothing) when the rules in use fail it.
-    pub fn set_check(
+    /// as well (besides the checks added before): a reload it refuses keeps
+    /// the last good rules, as any bad reload does. Fails (installing
+    /// nothing) when the rules in use fail it.
+    pub fn add_check(
         &self,
         check: impl Fn(&RuleSet) -> Vec<floodgate_core::rules::ConfigError> + Send + Sync + 'static,
     ) -> Result<(), ConfigErrors> {
@@ -189,7 +190,7 @@ impl Rules {
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
-        *self.check.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(check));
+        self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(Box::new(check));
         Ok(())
     }
 
@@ -221,11 +222,9 @@ impl Rules {
                 return Ok(None);
             }
             let set = RuleSet::build(sources, &self.opts).and_then(|set| {
-                let check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
-                match check.as_ref().map(|c| c(&set)).filter(|e| !e.is_empty()) {
-                    Some(errors) => Err(ConfigErrors(errors)),
-                    None => Ok(set),
-                }
+                let checks = self.checks.lock().unwrap_or_else(PoisonError::into_inner);
+                let errors: Vec<_> = checks.iter().flat_map(|c| c(&set)).collect();
+                if errors.is_empty() { Ok(set) } else { Err(ConfigErrors(errors)) }
             });
             *seen = (digest, set.is_ok());
             set.map(Some)

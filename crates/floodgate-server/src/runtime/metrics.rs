@@ -292,6 +292,47 @@ pub fn gauge(out: &mut String, name: &str, kind: &str, help: &str, value: impl s
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
+/// The per-key store's metrics: entries per (domain, tier), the cache's
+/// hits and misses, entries that could not be honoured.
+pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
+    gauge(out, "floodgate_overrides", "gauge", "Per-key entries (formerly runtime overrides), in all.", k.total());
+    out.push_str("# HELP floodgate_key_entries Per-key entries by domain and tier (tier=\"\" for entries with their own limits).\n");
+    out.push_str("# TYPE floodgate_key_entries gauge\n");
+    for (domain, tier, n) in k.counts() {
+        let _ = writeln!(out, "floodgate_key_entries{{domain=\"{}\",tier=\"{}\"}} {n}", escape(&domain), escape(&tier));
+    }
+    let s = k.stats();
+    gauge(
+        out,
+        "floodgate_key_cache_hits_total",
+        "counter",
+        "Per-key lookups answered by the cache.",
+        s.hits.load(Relaxed),
+    );
+    gauge(
+        out,
+        "floodgate_key_cache_misses_total",
+        "counter",
+        "Per-key lookups that read the store.",
+        s.misses.load(Relaxed),
+    );
+    gauge(out, "floodgate_key_cache_entries", "gauge", "Per-key answers cached (entries and none alike).", k.cached());
+    gauge(
+        out,
+        "floodgate_key_unknown_tier_total",
+        "counter",
+        "Decisions whose per-key entry names a tier the rules lack (the files' rules applied).",
+        s.unknown_tier.load(Relaxed),
+    );
+    gauge(
+        out,
+        "floodgate_key_bad_entries_total",
+        "counter",
+        "Stored per-key entries that could not be read or no longer validate (the files' rules applied).",
+        s.bad_entries.load(Relaxed),
+    );
+}
+
 /// Escape a label value (backslash, quote, newline).
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")

@@ -1,5 +1,5 @@
-//! Where an instance keeps its own files (today: the runtime overrides'
-//! database), so that several instances started from one directory never
+//! Where an instance keeps its own files (today: the per-key entries'
+//! database, which holds the runtime overrides too), so that several instances started from one directory never
 //! share one, and a restarted instance finds its own again.
 //!
 //! * The **state directory** (`--state-dir`, `FLOODGATE_STATE_DIR`):
@@ -24,7 +24,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::rules::overrides::{OverrideError, Overrides};
+use crate::rules::perkey::{CacheOptions, KeyError, PerKey};
 
 /// The old default overrides file, in the working directory.
 pub const LEGACY_OVERRIDES_FILE: &str = "floodgate-overrides.redb";
@@ -82,14 +82,15 @@ pub fn check_instance_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Open the overrides `file` says, migrating the old default when it
-/// applies. `Ok(None)` when overrides are off; `Err` says what to change.
-pub fn open_overrides(file: &OverridesFile) -> Result<Option<Overrides>, String> {
+/// Open the per-key store `file` says (with this cache), migrating the old
+/// default when it applies. `Ok(None)` when per-key entries are off; `Err`
+/// says what to change.
+pub fn open_keys(file: &OverridesFile, cache: CacheOptions) -> Result<Option<PerKey>, String> {
     match file {
         OverridesFile::Off => Ok(None),
         OverridesFile::At(path) => {
-            let o = Overrides::open(path).map_err(|e| format!("--overrides-file {}: {e}", path.display()))?;
-            tracing::info!(file = %path.display(), "runtime overrides persist here");
+            let o = PerKey::open_with(path, cache).map_err(|e| format!("--overrides-file {}: {e}", path.display()))?;
+            tracing::info!(file = %path.display(), "per-key entries (runtime overrides) persist here");
             Ok(Some(o))
         }
         OverridesFile::Instance { state_dir, instance } => {
@@ -103,12 +104,12 @@ pub fn open_overrides(file: &OverridesFile) -> Result<Option<Overrides>, String>
                 if !path.exists() {
                     migrate_legacy(Path::new(LEGACY_OVERRIDES_FILE), &path);
                 }
-                match Overrides::open(&path) {
+                match PerKey::open_with(&path, cache) {
                     Ok(o) => {
-                        tracing::info!(file = %path.display(), instance = %name, "runtime overrides persist here");
+                        tracing::info!(file = %path.display(), instance = %name, "per-key entries (runtime overrides) persist here");
                         return Ok(Some(o));
                     }
-                    Err(OverrideError::InUse(_)) => {
+                    Err(KeyError::InUse(_)) => {
                         tracing::info!(file = %path.display(), "open in another instance; trying the next name");
                     }
                     Err(e) => return Err(format!("overrides file {}: {e}", path.display())),
