@@ -496,14 +496,7 @@ impl Bound {
                 }
             })
         };
-        let releaser = tokio::spawn(async {
-            let mut tick = tokio::time::interval(crate::runtime::memory::RELEASE_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                crate::runtime::memory::release();
-            }
-        });
+
         // The dashboard's second (nothing when it is off).
         let ticker = {
             let metrics = service.metrics().clone();
@@ -541,7 +534,6 @@ impl Bound {
         health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
         sweeper.abort();
-        releaser.abort();
         ticker.abort();
         if let Some(s) = sharing {
             s.abort();

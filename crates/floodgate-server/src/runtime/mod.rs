@@ -1,11 +1,10 @@
 //! What the service runs on: the store chosen at start ([`store`]),
 //! metrics and the dashboard's data ([`dashboard`], [`topkeys`]), the
-//! instance's own files ([`state`]), bounded listeners ([`listen`]),
-//! returning freed memory ([`memory`]) and per-thread runtimes.
+//! instance's own files ([`state`]), bounded listeners ([`listen`]) and
+//! per-thread runtimes.
 
 pub mod dashboard;
 pub mod listen;
-pub mod memory;
 pub mod metrics;
 pub mod overload;
 pub mod redis_region;
