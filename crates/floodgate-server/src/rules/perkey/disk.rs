@@ -22,7 +22,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use arc_swap::ArcSwap;
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{Entry, KeyError, KeySpec};
@@ -150,10 +151,26 @@ pub(crate) enum Write {
     Delete(String),
 }
 
+/// The table lookups read: one read transaction, replaced after every
+/// commit (a miss then costs a B-tree descent, not a transaction's set-up;
+/// redb keeps the pages of the one version it pins).
+type Reader = ReadOnlyTable<&'static str, &'static [u8]>;
+
 /// The database.
-#[derive(Debug)]
 pub(crate) struct Disk {
+    // Declared first: dropped before the database it reads.
+    reader: ArcSwap<Reader>,
     db: Database,
+}
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Disk").field("db", &self.db).finish_non_exhaustive()
+    }
+}
+
+fn reader(db: &Database) -> Result<Reader, KeyError> {
+    db.begin_read().map_err(storage)?.open_table(KEYS).map_err(storage)
 }
 
 impl Disk {
@@ -168,7 +185,7 @@ impl Disk {
         txn.open_table(KEYS).map_err(storage)?;
         txn.open_table(COUNTS).map_err(storage)?;
         txn.commit().map_err(storage)?;
-        let disk = Self { db };
+        let disk = Self { reader: ArcSwap::from_pointee(reader(&db)?), db };
         disk.migrate(path)?;
         Ok(disk)
     }
@@ -216,8 +233,7 @@ impl Disk {
 
     /// The stored entry under `key`.
     pub(crate) fn get(&self, key: &str) -> Result<Option<Stored>, KeyError> {
-        let read = self.db.begin_read().map_err(storage)?;
-        let table = read.open_table(KEYS).map_err(storage)?;
+        let table = self.reader.load();
         let Some(v) = table.get(key).map_err(storage)? else { return Ok(None) };
         serde_json::from_slice(v.value()).map(Some).map_err(|e| KeyError::Storage(format!("a stored entry: {e}")))
     }
@@ -270,6 +286,7 @@ impl Disk {
         }
         also(&txn)?;
         txn.commit().map_err(storage)?;
+        self.reader.store(std::sync::Arc::new(reader(&self.db)?));
         Ok(before)
     }
 
