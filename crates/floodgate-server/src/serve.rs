@@ -281,16 +281,19 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     }
     let keys = open_keys(&config.overrides, config.key_cache).map_err(ServeError::Config)?.map(Arc::new);
     if let Some(k) = &keys {
+        // Entries naming a tier the rules lack (the files edited while
+        // stopped) get the files' rules: said now, never fatal.
+        for (domain, tier, n) in k.missing_tiers(&rules.current()) {
+            tracing::warn!(%domain, %tier, entries = n, "per-key entries name a tier the rules do not define: their keys get the files' rules until it is defined");
+        }
         // A reload must not remove a tier that entries still name.
-        let checker = k.clone();
-        rules.add_check(move |set| checker.check_rules(set)).map_err(|errs| {
-            let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
-            ServeError::Config(format!(
-                "the rules in {} lack tiers that per-key entries name:\n{}",
-                config.rules,
-                list.join("\n")
-            ))
-        })?;
+        let (checker, in_use) = (k.clone(), Arc::downgrade(&rules));
+        rules
+            .add_check(move |set| match in_use.upgrade() {
+                Some(r) => checker.check_rules(set, &r.current()),
+                None => Vec::new(),
+            })
+            .map_err(|errs| ServeError::Config(errs.to_string()))?;
     }
     let store = match (&config.redis, &config.regions) {
         (None, None) => ServerStore::Memory(memory(config.max_keys)),

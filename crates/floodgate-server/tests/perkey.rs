@@ -341,8 +341,8 @@ fn tiers_apply_by_name_and_follow_the_rules_file() {
 fn a_reload_that_removes_a_used_tier_is_refused() {
     let dir = TempDir::new("tier-reload");
     let (service, o, _) = memory_service(&dir, TIERED);
-    let checker = o.clone();
-    service.rules().add_check(move |set| checker.check_rules(set)).unwrap();
+    let (checker, rules) = (o.clone(), service.rules().clone());
+    service.rules().add_check(move |set| checker.check_rules(set, &rules.current())).unwrap();
     o.set(tiered("alice", "free"), &service.rules().current()).unwrap();
     let without_free = TIERED.replace("  free: {unit: minute, requests_per_unit: 60}\n", "");
     std::fs::write(dir.0.join("rules/api.yaml"), &without_free).unwrap();
@@ -367,6 +367,10 @@ fn an_entry_whose_tier_is_gone_falls_back_to_the_files_rules() {
     std::fs::write(dir.0.join("rules/api.yaml"), TIERED.replace("  free: {unit: minute, requests_per_unit: 60}\n", ""))
         .unwrap();
     assert!(service.rules().reload().unwrap());
+    // Found so (as at startup): said, and no reload is refused for it.
+    assert_eq!(o.missing_tiers(&service.rules().current()), [("api".into(), "free".into(), 1)]);
+    let current = service.rules().current();
+    assert!(o.check_rules(&current, &current).is_empty(), "a tier already missing does not refuse reloads");
     let got = resolve(&service, "alice");
     assert_eq!(got[0].1, 10, "the files' rule: {got:?}");
     assert!(!got[0].0.contains('@'), "{got:?}");

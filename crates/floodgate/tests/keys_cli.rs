@@ -172,3 +172,34 @@ fn a_bad_line_stops_the_import_by_its_number_and_its_batch_writes_nothing() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot reach the admin API"), "{err}");
 }
+
+/// Issue 24: an entry whose tier is gone when the server starts (the rules
+/// edited while it was stopped) never stops it: its key gets the files'
+/// rules, the log says so, and reloads are not refused for it.
+#[test]
+fn a_tier_missing_at_startup_does_not_stop_the_server() {
+    let dir = TempDir::new("keys-cli-startup");
+    let db = dir.path("keys.redb");
+    let start = |rules: &str, name: &str| {
+        let rules_dir = dir.path(&format!("{name}-rules"));
+        std::fs::create_dir_all(&rules_dir).unwrap();
+        std::fs::write(rules_dir.join("api.yaml"), rules).unwrap();
+        let mut cmd = cli::floodgate();
+        cmd.args(["serve", "--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0", "--config"])
+            .arg(&rules_dir)
+            .arg("--overrides-file")
+            .arg(&db);
+        Served::spawn(cmd, TempDir::new(name))
+    };
+    let s = start(RULES, "keys-cli-startup-1");
+    let (code, _, err) = keys(&s, &["set", "--domain", "api", "-d", "user=alice", "--tier", "free"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(s.terminate(), Some(0));
+    let without_free = RULES.replace("  free: {unit: minute, requests_per_unit: 60}\n", "");
+    let s = start(&without_free, "keys-cli-startup-2");
+    assert!(!s.logged("name a tier the rules do not define").is_empty());
+    assert_eq!(limit_of(&s, "alice").1, 30, "the files' rule");
+    let (code, body) = cli::http(&s.admin, "POST", "/admin/v1/reload", "");
+    assert_eq!(code, 200, "{body}");
+}

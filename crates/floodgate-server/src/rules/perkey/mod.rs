@@ -557,21 +557,21 @@ impl PerKey {
         &self.stats
     }
 
-    /// The errors a rule set has against the entries: a tier named by
-    /// entries that it no longer defines. For [`Rules::add_check`]: such a
-    /// reload is refused.
+    /// The errors a new rule set has against the entries: a tier named by
+    /// entries that the rules `in_use` define and `set` no longer does. For
+    /// [`Rules::add_check`]: such a reload is refused. (A tier `in_use`
+    /// lacks already, e.g. found so at startup, is no error: its entries get
+    /// the files' rules, see [`PerKey::missing_tiers`].)
     ///
     /// [`Rules::add_check`]: crate::rules::reload::Rules::add_check
-    pub fn check_rules(&self, set: &RuleSet) -> Vec<ConfigError> {
+    pub fn check_rules(&self, set: &RuleSet, in_use: &RuleSet) -> Vec<ConfigError> {
+        let has = |s: &RuleSet, domain: &str, tier: &str| s.domain(domain).is_some_and(|d| d.tier(tier).is_some());
         let mut errors = Vec::new();
         for (domain, tier, n) in self.counts() {
-            if tier.is_empty() || n == 0 {
+            if tier.is_empty() || n == 0 || has(set, &domain, &tier) || !has(in_use, &domain, &tier) {
                 continue;
             }
             let d = set.domain(&domain);
-            if d.is_some_and(|d| d.tier(&tier).is_some()) {
-                continue;
-            }
             let (file, pos) = match d {
                 Some(d) => (set.files().get(d.file()).cloned().unwrap_or_default(), d.pos()),
                 None => (format!("(domain {domain})").into(), Pos::default()),
@@ -586,6 +586,15 @@ impl PerKey {
             });
         }
         errors
+    }
+
+    /// `(domain, tier, entries)` of tiers that entries name and `set` does
+    /// not define (their keys get the files' rules).
+    pub fn missing_tiers(&self, set: &RuleSet) -> Vec<(String, String, u64)> {
+        self.counts()
+            .into_iter()
+            .filter(|(d, t, n)| !t.is_empty() && *n > 0 && set.domain(d).is_none_or(|d| d.tier(t).is_none()))
+            .collect()
     }
 
     /// Share the entries through Redis from now on: changes go to `map`
