@@ -202,7 +202,7 @@ impl<S: Store> Service<S> {
     pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
         let sources = self.sources(req)?;
         let mut out = Vec::new();
-        for (_, key, rule) in plan(req, &sources) {
+        for (_, key, rule) in plan(req, &sources, self.keys.as_deref()) {
             if let Some(limit) = &rule.limit
                 && let Ok(d) = self.limiter.store().apply(&key, limit, 0).await
             {
@@ -217,20 +217,7 @@ impl<S: Store> Service<S> {
         validate(req)?;
         let rules = self.rules.current();
         let keyed = match self.keys.as_deref() {
-            Some(k) if !k.is_empty() => req
-                .descriptors
-                .iter()
-                .map(|d| {
-                    // An entry whose tier the rules lack: the files' rules.
-                    k.get(&req.domain, &d.entries).filter(|e| {
-                        let ok = e.rules_in(&rules).is_some();
-                        if !ok {
-                            k.unknown_tier(e);
-                        }
-                        ok
-                    })
-                })
-                .collect(),
+            Some(k) if !k.is_empty() => req.descriptors.iter().map(|d| k.get(&req.domain, &d.entries)).collect(),
             _ => Vec::new(),
         };
         let inline = inline_rules(&rules, req);
@@ -239,7 +226,7 @@ impl<S: Store> Service<S> {
 
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
         let sources = self.sources(req)?;
-        let planned = plan(req, &sources);
+        let planned = plan(req, &sources, self.keys.as_deref());
         let checks = checks_of(req, &planned);
         let outcome = self.limiter.check(&checks).await;
         Ok(self.answer(req, &planned, &checks, &outcome))
@@ -250,7 +237,7 @@ impl<S: Store> Service<S> {
             Ok(sources) => sources,
             Err(e) => return Some(Err(e)),
         };
-        let planned = plan(req, &sources);
+        let planned = plan(req, &sources, self.keys.as_deref());
         let checks = checks_of(req, &planned);
         let outcome = self.limiter.check_now(&checks)?;
         Some(Ok(self.answer(req, &planned, &checks, &outcome)))
@@ -302,8 +289,8 @@ fn checks_of<'a>(req: &Request, planned: &'a [(usize, String, &'a Rule)]) -> Vec
 }
 
 /// What a request's descriptors resolve against: the rules in use, the
-/// per-key entries of its exact descriptors (each resolving under those
-/// rules) and the limits it carries (each empty when none apply).
+/// per-key entries of its exact descriptors and the limits it carries (each
+/// empty when none apply).
 struct Sources {
     rules: Arc<RuleSet>,
     keyed: Vec<Option<Arc<KeyEntry>>>,
@@ -312,9 +299,10 @@ struct Sources {
 
 /// The `(descriptor index, counter key, rule)` of every limit that applies,
 /// grouped by descriptor in order: a request-carried limit, else a per-key
-/// entry of the exact descriptor (it takes precedence over the files), else
-/// the files' match with `replaces` applied across the request.
-fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule)> {
+/// entry of the exact descriptor (it takes precedence over the files; one
+/// naming a tier the rules lack is noted in `keys` and gets the files'
+/// rules), else the files' match with `replaces` applied across the request.
+fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<(usize, String, &'a Rule)> {
     let Sources { rules, keyed, inline } = sources;
     let domain = req.domain.as_str();
     let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
@@ -323,13 +311,18 @@ fn plan<'a>(req: &Request, sources: &'a Sources) -> Vec<(usize, String, &'a Rule
         if let Some(Some(rule)) = inline.get(d) {
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
             out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
-        } else if let Some(Some(e)) = keyed.get(d)
-            && let Some(limits) = e.rules_in(rules)
-        {
-            out.extend(limits.iter().enumerate().map(|(i, rule)| (d, e.counter_key(i), rule)));
-        } else {
-            out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));
+            continue;
         }
+        if let Some(Some(e)) = keyed.get(d) {
+            if let Some(limits) = e.rules_in(rules) {
+                out.extend(limits.iter().enumerate().map(|(i, rule)| (d, e.counter_key(i), rule)));
+                continue;
+            }
+            if let Some(k) = keys {
+                k.unknown_tier(e);
+            }
+        }
+        out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));
     }
     out
 }

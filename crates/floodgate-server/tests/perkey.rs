@@ -131,29 +131,31 @@ fn memory_service(
     (Service::new(rules, Some(o.clone()), limiter, metrics.clone()), o, metrics)
 }
 
+/// The `(counter key, limit)` of every limit applying to the descriptor
+/// `key=value` of domain `api`, taking nothing.
+fn resolve(
+    service: &floodgate_server::service::Service<floodgate_core::MemoryStore>,
+    key: &str,
+    value: &str,
+) -> Vec<(String, u64)> {
+    use floodgate_server::service::{Descriptor, Request};
+    let req = Request {
+        domain: "api".into(),
+        descriptors: vec![Descriptor { entries: vec![(key.into(), value.into())], ..Descriptor::default() }],
+        hits_addend: 0,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|(key, info, _)| (key, info.requests_per_unit)).collect()
+}
+
 #[test]
 fn an_override_takes_precedence_over_the_files() {
-    use floodgate_server::service::{Descriptor, Request};
-
     let dir = TempDir::new("precedence");
     let (service, o, _) = memory_service(
         &dir,
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
     );
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    // The (counter key, limit) of every limit applying to one descriptor.
-    let resolve = |k: &str, v: &str| -> Vec<(String, u64)> {
-        let req = Request {
-            domain: "api".into(),
-            descriptors: vec![Descriptor { entries: vec![(k.into(), v.into())], ..Descriptor::default() }],
-            hits_addend: 0,
-        };
-        rt.block_on(service.peek(&req))
-            .unwrap()
-            .into_iter()
-            .map(|(key, info, _)| (key, info.requests_per_unit))
-            .collect()
-    };
+    let resolve = |k: &str, v: &str| resolve(&service, k, v);
     let before = resolve("user", "alice");
     assert_eq!(before.len(), 1);
     assert!(!before[0].0.contains("@override"), "from the files: {before:?}");
@@ -283,21 +285,6 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
     assert_eq!(proxy_requests, 9.0, "{text}");
 }
 
-/// The `(counter key, limit)` of every limit applying to `user=<user>`.
-fn resolve(
-    service: &floodgate_server::service::Service<floodgate_core::MemoryStore>,
-    user: &str,
-) -> Vec<(String, u64)> {
-    use floodgate_server::service::{Descriptor, Request};
-    let req = Request {
-        domain: "api".into(),
-        descriptors: vec![Descriptor { entries: vec![("user".into(), user.into())], ..Descriptor::default() }],
-        hits_addend: 0,
-    };
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|(key, info, _)| (key, info.requests_per_unit)).collect()
-}
-
 #[test]
 fn tiers_apply_by_name_and_follow_the_rules_file() {
     use floodgate_server::runtime::metrics::Protocol;
@@ -308,12 +295,12 @@ fn tiers_apply_by_name_and_follow_the_rules_file() {
     let rules = service.rules().current();
     o.set(tiered("alice", "free"), &rules).unwrap();
     o.set(tiered("bob", "pro"), &rules).unwrap();
-    let alice = resolve(&service, "alice");
+    let alice = resolve(&service, "user", "alice");
     assert_eq!(alice.len(), 1);
     assert!(alice[0].0.ends_with("@tier:free#0"), "{alice:?}");
     assert_eq!(alice[0].1, 60);
-    assert_eq!(resolve(&service, "bob").iter().map(|r| r.1).collect::<Vec<_>>(), [50, 1_000_000]);
-    assert_eq!(resolve(&service, "carol")[0].1, 10, "no entry: the files' rule");
+    assert_eq!(resolve(&service, "user", "bob").iter().map(|r| r.1).collect::<Vec<_>>(), [50, 1_000_000]);
+    assert_eq!(resolve(&service, "user", "carol")[0].1, 10, "no entry: the files' rule");
     assert_eq!(
         o.counts(),
         [("api".to_owned(), "free".to_owned(), 1), ("api".to_owned(), "pro".to_owned(), 1)],
@@ -323,7 +310,7 @@ fn tiers_apply_by_name_and_follow_the_rules_file() {
     std::fs::write(dir.0.join("rules/api.yaml"), TIERED.replace("requests_per_unit: 60", "requests_per_unit: 120"))
         .unwrap();
     assert!(service.rules().reload().unwrap());
-    assert_eq!(resolve(&service, "alice")[0].1, 120);
+    assert_eq!(resolve(&service, "user", "alice")[0].1, 120);
     // Decisions under a tier are labelled by the tier, never by the key.
     let req = Request {
         domain: "api".into(),
@@ -348,7 +335,7 @@ fn a_reload_that_removes_a_used_tier_is_refused() {
     std::fs::write(dir.0.join("rules/api.yaml"), &without_free).unwrap();
     let err = service.rules().reload().unwrap_err().to_string();
     assert!(err.contains("api.yaml:1:9: tiers.free: 1 per-key entries of domain `api` name tier `free`"), "{err}");
-    assert_eq!(resolve(&service, "alice")[0].1, 60, "the last good rules stay");
+    assert_eq!(resolve(&service, "user", "alice")[0].1, 60, "the last good rules stay");
     // Once no entry names it, the tier may go.
     assert!(o.delete("api", &[("user", "alice")]).unwrap());
     assert!(service.rules().reload().unwrap());
@@ -371,7 +358,7 @@ fn an_entry_whose_tier_is_gone_falls_back_to_the_files_rules() {
     assert_eq!(o.missing_tiers(&service.rules().current()), [("api".into(), "free".into(), 1)]);
     let current = service.rules().current();
     assert!(o.check_rules(&current, &current).is_empty(), "a tier already missing does not refuse reloads");
-    let got = resolve(&service, "alice");
+    let got = resolve(&service, "user", "alice");
     assert_eq!(got[0].1, 10, "the files' rule: {got:?}");
     assert!(!got[0].0.contains('@'), "{got:?}");
     assert!(o.stats().unknown_tier.load(Relaxed) >= 1);
@@ -441,7 +428,7 @@ fn a_batch_is_all_or_nothing_and_counted_per_tier() {
     batch[500] = tiered("u0500", "pro");
     batch[700] = spec("u0700", json!({"unit": "second", "requests_per_unit": 1}));
     let built = PerKey::validate(batch, &rules, |_| None).unwrap();
-    assert_eq!(o.write_all(built).unwrap(), 1_000);
+    assert_eq!(o.write_all(&built).unwrap(), 1_000);
     assert_eq!(
         o.counts(),
         [

@@ -484,3 +484,19 @@ pub(crate) enum KeysAction {
     /// Entries per (domain, tier).
     Tiers,
 }
+
+/// A server address flag (`--server`, `--admin-addr`) given as `host:port`
+/// or `http://host:port[/]`: its `host:port`. `example` goes in the message.
+pub(crate) fn http_authority(flag: &str, given: &str, example: &str) -> Result<String, crate::exit::Failure> {
+    use crate::exit::Failure;
+    let authority = given.strip_prefix("http://").unwrap_or(given).trim_end_matches('/');
+    if authority.is_empty() || authority.contains(['/', '?', '#']) || given.contains("https://") {
+        return Err(Failure::usage(format!(
+            "--{flag} `{given}`: give host:port (or http://host:port), e.g. {example}"
+        )));
+    }
+    if authority.parse::<hyper::http::uri::Authority>().is_err() {
+        return Err(Failure::usage(format!("--{flag} `{given}`: `{authority}` is not a host:port")));
+    }
+    Ok(authority.to_owned())
+}

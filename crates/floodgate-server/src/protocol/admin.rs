@@ -363,7 +363,7 @@ async fn import<S: Backend>(
                 .into_response());
         }
     };
-    let n = k.put_all(built).await.map_err(key_error)?;
+    let n = k.put_all(&built).await.map_err(key_error)?;
     Ok(axum::Json(json!({ "written": n, "total": k.total() })).into_response())
 }
 

@@ -62,17 +62,8 @@ pub(super) struct Target {
 impl Target {
     /// `--server` as `host:port` or `http://host:port[/]`.
     pub(super) fn parse(server: &str, domain: &str, key: &str) -> Result<Target, Failure> {
-        let rest = server.strip_prefix("http://").unwrap_or(server);
-        let authority = rest.trim_end_matches('/');
-        if authority.is_empty() || authority.contains(['/', '?', '#']) || server.contains("https://") {
-            return Err(Failure::usage(format!(
-                "--server `{server}`: give host:port (or http://host:port), e.g. 127.0.0.1:8081"
-            )));
-        }
-        if authority.parse::<hyper::http::uri::Authority>().is_err() {
-            return Err(Failure::usage(format!("--server `{server}`: `{authority}` is not a host:port")));
-        }
-        Ok(Target { authority: authority.to_owned(), domain: domain.to_owned(), key: key.to_owned() })
+        let authority = crate::cli::http_authority("server", server, "127.0.0.1:8081")?;
+        Ok(Target { authority, domain: domain.to_owned(), key: key.to_owned() })
     }
 
     fn uri(&self, path: &str) -> Uri {

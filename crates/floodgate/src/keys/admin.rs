@@ -27,12 +27,7 @@ pub(super) struct Admin {
 impl Admin {
     /// `addr` as `host:port` or `http://host:port`.
     pub(super) fn new(addr: &str, token: Option<String>) -> Result<Self, Failure> {
-        let rest = addr.strip_prefix("http://").unwrap_or(addr).trim_end_matches('/');
-        if rest.is_empty() || rest.contains(['/', '?', '#']) || addr.starts_with("https://") {
-            return Err(Failure::usage(format!(
-                "--admin-addr `{addr}`: give host:port (or http://host:port), e.g. 127.0.0.1:9090"
-            )));
-        }
+        let rest = crate::cli::http_authority("admin-addr", addr, "127.0.0.1:9090")?;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         connector.set_nodelay(true);

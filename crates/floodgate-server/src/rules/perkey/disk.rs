@@ -212,16 +212,12 @@ impl Disk {
         let mut writes = Vec::with_capacity(rows.len());
         for (key, text) in &rows {
             match serde_json::from_str::<Old>(text) {
-                Ok(old) => {
-                    let entries: Vec<(&str, &str)> =
-                        old.spec.descriptor.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-                    match lookup_key(&old.spec.domain, &entries) {
-                        Some(k) => writes.push(Write::Put(k, Stored::of(&old.spec, old.updated_at))),
-                        None => {
-                            tracing::warn!(override = %key, "an old override with a control character in its descriptor is dropped")
-                        }
+                Ok(old) => match lookup_key(&old.spec.domain, &old.spec.entries()) {
+                    Some(k) => writes.push(Write::Put(k, Stored::of(&old.spec, old.updated_at))),
+                    None => {
+                        tracing::warn!(override = %key, "an old override with a control character in its descriptor is dropped")
                     }
-                }
+                },
                 Err(e) => tracing::warn!(override = %key, "an old override that does not parse is dropped: {e}"),
             }
         }

@@ -149,9 +149,14 @@ impl KeyEntry {
     pub fn rules_in<'a>(&'a self, set: &'a RuleSet) -> Option<&'a [Rule]> {
         match &self.limits {
             Limits::Own(rules) => Some(rules),
-            Limits::Tier(t) => set.domain(&self.spec.domain)?.tier(t).map(|t| t.rules.as_slice()),
+            Limits::Tier(t) => tier_of(set, &self.spec.domain, t).map(|t| t.rules.as_slice()),
         }
     }
+}
+
+/// The tier `tier` of `domain` in the rules `set`, if defined.
+fn tier_of<'a>(set: &'a RuleSet, domain: &str, tier: &str) -> Option<&'a floodgate_core::rules::Tier> {
+    set.domain(domain)?.tier(tier)
 }
 
 /// Why an entry could not be set, deleted or read.
@@ -401,14 +406,14 @@ impl PerKey {
 
     /// Write validated entries ([`PerKey::validate`]) in one transaction,
     /// through Redis first when shared.
-    pub async fn put_all(&self, entries: Vec<KeyEntry>) -> Result<usize, KeyError> {
+    pub async fn put_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
         if let Some(map) = self.shared.get() {
             if self.total() + entries.len() > MAX_SHARED {
                 return Err(KeyError::Invalid(format!(
                     "entries shared through Redis stop at {MAX_SHARED} for now: delete some first"
                 )));
             }
-            for e in &entries {
+            for e in entries {
                 map.set(&e.key, &shared_text(&e.spec, e.updated_at)?)
                     .await
                     .map_err(|e| KeyError::Shared(e.to_string()))?;
@@ -418,8 +423,7 @@ impl PerKey {
     }
 
     /// Write validated entries locally, in one transaction.
-    pub fn write_all(&self, entries: Vec<KeyEntry>) -> Result<usize, KeyError> {
-        let n = entries.len();
+    pub fn write_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
         let writes: Vec<Write> = entries
             .iter()
             .map(|e| {
@@ -429,13 +433,13 @@ impl PerKey {
             })
             .collect::<Result<_, KeyError>>()?;
         self.commit(&writes)?;
-        Ok(n)
+        Ok(entries.len())
     }
 
     /// Apply writes, then refresh the counts and drop the written keys from
     /// the cache (in that order: a lookup after the drop reads the new
-    /// state, and sees its domain).
-    fn commit(&self, writes: &[Write]) -> Result<Vec<Option<()>>, KeyError> {
+    /// state, and sees its domain). Whether each key held an entry before.
+    fn commit(&self, writes: &[Write]) -> Result<Vec<bool>, KeyError> {
         let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         let before = self.disk.apply(writes, |_| Ok(()))?;
         self.refresh_counts()?;
@@ -443,35 +447,41 @@ impl PerKey {
             let (Write::Put(k, _) | Write::Delete(k)) = w;
             self.cache.remove(k);
         }
-        Ok(before.into_iter().map(|b| b.map(drop)).collect())
+        Ok(before.iter().map(Option::is_some).collect())
+    }
+
+    /// [`PerKey::validate`] of one spec: the entry, or why not.
+    fn validate_one(
+        spec: KeySpec,
+        set: &RuleSet,
+        check_rule: impl Fn(&Rule) -> Option<String>,
+    ) -> Result<KeyEntry, KeyError> {
+        match Self::validate(vec![spec], set, check_rule) {
+            Ok(mut built) => Ok(built.remove(0)),
+            Err(mut errors) => Err(errors.remove(0).1),
+        }
     }
 
     /// Set one entry (validated against `set`), through Redis first when
     /// shared.
     pub async fn put(&self, spec: KeySpec, set: &RuleSet, regions: usize) -> Result<Arc<KeyEntry>, KeyError> {
-        let check = |r: &Rule| crate::runtime::regions::check_rule(r, regions);
-        let mut built = Self::validate(vec![spec], set, check).map_err(|mut e| e.remove(0).1)?;
-        let e = built.remove(0);
-        let out = Arc::new(e.clone());
-        self.put_all(vec![e]).await?;
-        Ok(out)
+        let e = Self::validate_one(spec, set, |r| crate::runtime::regions::check_rule(r, regions))?;
+        self.put_all(std::slice::from_ref(&e)).await?;
+        Ok(Arc::new(e))
     }
 
     /// Set one entry locally (validated against `set`); durable when this
     /// returns.
     pub fn set(&self, spec: KeySpec, set: &RuleSet) -> Result<Arc<KeyEntry>, KeyError> {
-        let mut built = Self::validate(vec![spec], set, |_| None).map_err(|mut e| e.remove(0).1)?;
-        let e = built.remove(0);
-        let out = Arc::new(e.clone());
-        self.write_all(vec![e])?;
-        Ok(out)
+        let e = Self::validate_one(spec, set, |_| None)?;
+        self.write_all(std::slice::from_ref(&e))?;
+        Ok(Arc::new(e))
     }
 
     /// Delete one entry locally; `false` when there was none.
     pub fn delete(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Result<bool, KeyError> {
         let Some(key) = lookup_key(domain, entries) else { return Ok(false) };
-        let before = self.commit(&[Write::Delete(key)])?;
-        Ok(before.first().is_some_and(Option::is_some))
+        Ok(self.commit(&[Write::Delete(key)])?.first().copied().unwrap_or(false))
     }
 
     /// Delete one entry, through Redis first when shared.
@@ -565,10 +575,13 @@ impl PerKey {
     ///
     /// [`Rules::add_check`]: crate::rules::reload::Rules::add_check
     pub fn check_rules(&self, set: &RuleSet, in_use: &RuleSet) -> Vec<ConfigError> {
-        let has = |s: &RuleSet, domain: &str, tier: &str| s.domain(domain).is_some_and(|d| d.tier(tier).is_some());
         let mut errors = Vec::new();
         for (domain, tier, n) in self.counts() {
-            if tier.is_empty() || n == 0 || has(set, &domain, &tier) || !has(in_use, &domain, &tier) {
+            if tier.is_empty()
+                || n == 0
+                || tier_of(set, &domain, &tier).is_some()
+                || tier_of(in_use, &domain, &tier).is_none()
+            {
                 continue;
             }
             let d = set.domain(&domain);
@@ -591,10 +604,7 @@ impl PerKey {
     /// `(domain, tier, entries)` of tiers that entries name and `set` does
     /// not define (their keys get the files' rules).
     pub fn missing_tiers(&self, set: &RuleSet) -> Vec<(String, String, u64)> {
-        self.counts()
-            .into_iter()
-            .filter(|(d, t, n)| !t.is_empty() && *n > 0 && set.domain(d).is_none_or(|d| d.tier(t).is_none()))
-            .collect()
+        self.counts().into_iter().filter(|(d, t, n)| !t.is_empty() && *n > 0 && tier_of(set, d, t).is_none()).collect()
     }
 
     /// Share the entries through Redis from now on: changes go to `map`
