@@ -14,6 +14,7 @@
 mod breaker;
 mod conn;
 mod denied;
+mod pubsub;
 pub mod region;
 pub mod script;
 mod shared;
@@ -21,7 +22,8 @@ mod store;
 mod target;
 pub mod testing;
 
+pub use pubsub::{PING_EVERY, Subscription};
 pub use region::{MergeStats, RegionCtx};
 pub use shared::SharedMap;
-pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore};
+pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore, join_all};
 pub use target::{Target, TargetError};

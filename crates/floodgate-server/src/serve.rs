@@ -476,10 +476,11 @@ impl Bound {
             let serving = serve_proxy(listener, layer, forward, options, bound, stop_rx.clone(), p.threads);
             servers.spawn(async move { ("proxy", serving.await) });
         }
-        // With Redis, per-key entries are shared: keep this instance in step.
+        // With Redis, per-key entries are kept there, sharded: read misses in
+        // batches and follow the other instances' changes.
         let sharing = match (service.store(), service.keys()) {
             (ServerStore::Redis(redis) | ServerStore::RedisRegional(redis, ..), Some(o)) => {
-                Some(tokio::spawn(o.share(redis.shared_map("overrides"))))
+                Some(tokio::spawn(o.share(redis.clone())))
             }
             _ => None,
         };

@@ -9,7 +9,7 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
-use crate::rules::perkey::{KeyEntry, PerKey};
+use crate::rules::perkey::{Limits, PerKey};
 use crate::rules::reload::Rules;
 use crate::runtime::dashboard::KeyRef;
 use crate::runtime::metrics::{Metrics, Protocol};
@@ -200,7 +200,7 @@ impl<S: Store> Service<S> {
     /// The current counters of every limit applying to the request's
     /// descriptors, taking nothing (each limit peeked with 0 hits).
     pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
-        let sources = self.sources(req)?;
+        let sources = self.sources(req).await?;
         let mut out = Vec::new();
         for (_, key, rule) in plan(req, &sources, self.keys.as_deref()) {
             if let Some(limit) = &rule.limit
@@ -212,20 +212,44 @@ impl<S: Store> Service<S> {
         Ok(out)
     }
 
-    /// Validate `req` and gather what its descriptors resolve against.
-    fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
+    /// Validate `req` and gather what its descriptors resolve against,
+    /// waiting for per-key entries that must be read from Redis.
+    async fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
         validate(req)?;
         let rules = self.rules.current();
-        let keyed = match self.keys.as_deref() {
-            Some(k) if !k.is_empty() => req.descriptors.iter().map(|d| k.get(&req.domain, &d.entries)).collect(),
-            _ => Vec::new(),
-        };
+        let mut keyed = Vec::new();
+        if let Some(k) = self.keys.as_deref().filter(|k| !k.is_empty()) {
+            keyed.reserve(req.descriptors.len());
+            for d in &req.descriptors {
+                keyed.push(match k.lookup_now(&req.domain, &d.entries) {
+                    Ok(l) => l,
+                    Err(()) => k.lookup(&req.domain, &d.entries).await,
+                });
+            }
+        }
         let inline = inline_rules(&rules, req);
         Ok(Sources { rules, keyed, inline })
     }
 
+    /// [`Service::sources`] without waiting: `None` when a per-key entry
+    /// must be read from Redis.
+    fn sources_now(&self, req: &Request) -> Option<Result<Sources, RequestError>> {
+        if let Err(e) = validate(req) {
+            return Some(Err(e));
+        }
+        let rules = self.rules.current();
+        let keyed = match self.keys.as_deref() {
+            Some(k) if !k.is_empty() => {
+                req.descriptors.iter().map(|d| k.lookup_now(&req.domain, &d.entries)).collect::<Result<_, ()>>().ok()?
+            }
+            _ => Vec::new(),
+        };
+        let inline = inline_rules(&rules, req);
+        Some(Ok(Sources { rules, keyed, inline }))
+    }
+
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
-        let sources = self.sources(req)?;
+        let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
         let checks = checks_of(req, &planned);
         let outcome = self.limiter.check(&checks).await;
@@ -233,7 +257,7 @@ impl<S: Store> Service<S> {
     }
 
     fn decide_inner_now(&self, req: &Request) -> Option<Result<Answer, RequestError>> {
-        let sources = match self.sources(req) {
+        let sources = match self.sources_now(req)? {
             Ok(sources) => sources,
             Err(e) => return Some(Err(e)),
         };
@@ -293,7 +317,7 @@ fn checks_of<'a>(req: &Request, planned: &'a [(usize, String, &'a Rule)]) -> Vec
 /// empty when none apply).
 struct Sources {
     rules: Arc<RuleSet>,
-    keyed: Vec<Option<Arc<KeyEntry>>>,
+    keyed: Vec<Option<Limits>>,
     inline: Vec<Option<Rule>>,
 }
 
@@ -313,13 +337,14 @@ fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<(
             out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
             continue;
         }
-        if let Some(Some(e)) = keyed.get(d) {
-            if let Some(limits) = e.rules_in(rules) {
-                out.extend(limits.iter().enumerate().map(|(i, rule)| (d, e.counter_key(i), rule)));
+        if let Some(Some(l)) = keyed.get(d) {
+            if let Some(limits) = l.rules_in(rules, domain) {
+                let base = counter_key(domain, &desc.entries);
+                out.extend(limits.iter().enumerate().map(|(i, rule)| (d, l.counter_key(&base, i), rule)));
                 continue;
             }
             if let Some(k) = keys {
-                k.unknown_tier(e);
+                k.unknown_tier(domain, l);
             }
         }
         out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));

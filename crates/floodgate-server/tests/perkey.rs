@@ -36,7 +36,7 @@ fn no_rules() -> RuleSet {
 
 fn limit_of(o: &PerKey, user: &str) -> Option<u64> {
     let e = o.get("api", &[("user", user)])?;
-    Some(e.rules_in(&no_rules())?[0].limit.as_ref().unwrap().limit())
+    Some(e.rules_in(&no_rules(), "api")?[0].limit.as_ref().unwrap().limit())
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn set_get_list_delete_and_survive_a_restart() {
         o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 7})), &no_rules()).unwrap();
         assert_eq!(limit_of(&o, "alice"), Some(7), "set replaces (and the cache knows)");
         assert_eq!(o.total(), 2);
-        assert_eq!(o.get("api", &[("user", "bob")]).unwrap().rules_in(&no_rules()).unwrap().len(), 2);
+        assert_eq!(o.get("api", &[("user", "bob")]).unwrap().rules_in(&no_rules(), "api").unwrap().len(), 2);
         assert!(o.get("api", &[("user", "carol")]).is_none());
         assert!(o.get("web", &[("user", "alice")]).is_none());
     }
@@ -67,8 +67,8 @@ fn set_get_list_delete_and_survive_a_restart() {
     assert_eq!(o.total(), 1);
     // An override's counters are its own.
     let bob = o.get("api", &[("user", "bob")]).unwrap();
-    assert_ne!(bob.counter_key(0), bob.counter_key(1));
-    assert!(bob.counter_key(0).contains("@override"));
+    assert_ne!(bob.counter_key("k", 0), bob.counter_key("k", 1));
+    assert!(bob.counter_key("k", 0).contains("@override"));
 }
 
 #[test]

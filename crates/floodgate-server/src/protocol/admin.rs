@@ -221,7 +221,7 @@ async fn list<S: Backend>(
     State(state): State<Arc<AdminState<S>>>,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    listing(&state, query, "entries")
+    listing(&state, query, "entries").await
 }
 
 /// `GET /admin/v1/overrides`: the listing as before tiers (under
@@ -230,10 +230,10 @@ async fn list_overrides<S: Backend>(
     State(state): State<Arc<AdminState<S>>>,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    listing(&state, query, "overrides")
+    listing(&state, query, "overrides").await
 }
 
-fn listing<S: Backend>(
+async fn listing<S: Backend>(
     state: &AdminState<S>,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
     field: &str,
@@ -250,7 +250,7 @@ fn listing<S: Backend>(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "limit", format!("give 1 to {MAX_PAGE}")));
     }
-    let page = k.page(q.domain.as_deref(), &q.prefix, q.exact, q.cursor.as_deref(), limit).map_err(key_error)?;
+    let page = k.list(q.domain.as_deref(), &q.prefix, q.exact, q.cursor.as_deref(), limit).await.map_err(key_error)?;
     let listed: Vec<Value> = page.entries.iter().map(|(spec, at)| entry_json(spec, *at)).collect();
     let mut out = serde_json::Map::new();
     out.insert(field.to_owned(), Value::Array(listed));

@@ -319,6 +319,27 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
     gauge(out, "floodgate_key_cache_entries", "gauge", "Per-key answers cached (entries and none alike).", k.cached());
     gauge(
         out,
+        "floodgate_key_cache_bytes",
+        "gauge",
+        "Memory the per-key cache holds (keys and answers).",
+        k.cache_bytes(),
+    );
+    gauge(
+        out,
+        "floodgate_key_read_errors_total",
+        "counter",
+        "Per-key misses the store failed to answer (the files' rules applied, nothing cached).",
+        s.read_errors.load(Relaxed),
+    );
+    gauge(
+        out,
+        "floodgate_key_subscriptions_total",
+        "counter",
+        "Times the per-key change notices from Redis were subscribed to, each dropping the cache.",
+        s.subscribed.load(Relaxed),
+    );
+    gauge(
+        out,
         "floodgate_key_unknown_tier_total",
         "counter",
         "Decisions whose per-key entry names a tier the rules lack (the files' rules applied).",

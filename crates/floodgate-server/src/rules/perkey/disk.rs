@@ -6,11 +6,9 @@
 //! a few microseconds from the OS page cache), a listing reads one page in
 //! key order. Two tables:
 //!
-//! * `keys`: the entry's lookup key ([`lookup_key`]: the domain, then each
-//!   `key`/`value` of the descriptor, in order, separated by control bytes
-//!   no entry may contain) to its stored form ([`Stored`], JSON). Key order
-//!   is (domain, descriptor) order, so a domain or a descriptor prefix is
-//!   one range.
+//! * `keys`: the entry's lookup key ([`lookup_key`]) to its value (the
+//!   bytes of `value.rs`). Key order is (domain, descriptor) order, so a
+//!   domain or a descriptor prefix is one range.
 //! * `tier_counts`: `domain \0 tier` (tier empty for entries with their own
 //!   limits) to the number of entries, updated in the same transaction as
 //!   the entries.
@@ -24,9 +22,10 @@ use std::path::Path;
 
 use arc_swap::ArcSwap;
 use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use super::{Entry, KeyError, KeySpec};
+use super::value::{ENTRY_SEP, Stored, count_key, lookup_key};
+use super::{KeyError, KeySpec, Rows, Write};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("tier_counts");
@@ -39,116 +38,8 @@ const LEGACY: TableDefinition<&str, &str> = TableDefinition::new("overrides");
 /// the process's RSS.
 pub const DB_CACHE_BYTES: usize = 32 << 20;
 
-/// Separates the domain and the entries of a lookup key.
-const ENTRY_SEP: char = '\u{0}';
-/// Separates an entry's key from its value.
-const KV_SEP: char = '\u{1}';
-
-/// An entry as stored: what it maps to, not its descriptor (the key holds
-/// that).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Stored {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) tier: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) limits: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
-    pub(crate) updated_at: u64,
-}
-
-impl Stored {
-    pub(crate) fn of(spec: &KeySpec, updated_at: u64) -> Self {
-        Self { tier: spec.tier.clone(), limits: spec.limits.clone(), name: spec.name.clone(), updated_at }
-    }
-
-    /// The spec this stored form and its lookup key describe.
-    pub(crate) fn spec(self, key: &str) -> KeySpec {
-        let (domain, descriptor) = split_lookup_key(key);
-        KeySpec { domain, descriptor, tier: self.tier, limits: self.limits, name: self.name }
-    }
-
-    /// The `tier_counts` row this entry counts in.
-    fn count_key(&self, domain: &str) -> String {
-        format!("{domain}{ENTRY_SEP}{}", self.tier.as_deref().unwrap_or(""))
-    }
-}
-
-/// The lookup key of (domain, descriptor); `None` when a part holds one of
-/// the separator bytes (no entry can: [`check_text`] refuses them).
-pub fn lookup_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> Option<String> {
-    let mut key = String::with_capacity(domain.len() + entries.len() * 16);
-    push_part(&mut key, domain)?;
-    for (k, v) in entries {
-        key.push(ENTRY_SEP);
-        push_part(&mut key, k.as_ref())?;
-        key.push(KV_SEP);
-        push_part(&mut key, v.as_ref())?;
-    }
-    Some(key)
-}
-
-fn push_part(key: &mut String, part: &str) -> Option<()> {
-    if part.contains([ENTRY_SEP, KV_SEP]) {
-        return None;
-    }
-    key.push_str(part);
-    Some(())
-}
-
-/// Whether an entry's domain, key or value may be stored.
-pub(crate) fn check_text(what: &str, text: &str) -> Result<(), KeyError> {
-    if text.contains([ENTRY_SEP, KV_SEP]) {
-        return Err(KeyError::Invalid(format!("{what} must not contain the control characters U+0000 or U+0001")));
-    }
-    Ok(())
-}
-
-/// The lookup key's domain and descriptor.
-fn split_lookup_key(key: &str) -> (String, Vec<Entry>) {
-    let mut parts = key.split(ENTRY_SEP);
-    let domain = parts.next().unwrap_or_default().to_owned();
-    let descriptor = parts
-        .map(|p| {
-            let (k, v) = p.split_once(KV_SEP).unwrap_or((p, ""));
-            Entry { key: k.to_owned(), value: v.to_owned() }
-        })
-        .collect();
-    (domain, descriptor)
-}
-
-/// The first lookup key of a listing: `domain`, then the descriptor written
-/// `key=value, key=value` (a prefix of one: `user=al` lists every `user`
-/// value starting `al`).
-pub(crate) fn listing_start(domain: &str, prefix: &str) -> Result<String, KeyError> {
-    check_text("domain", domain)?;
-    check_text("prefix", prefix)?;
-    let mut key = domain.to_owned();
-    key.push(ENTRY_SEP);
-    for (i, part) in prefix.split(", ").enumerate().filter(|(_, p)| !p.is_empty()) {
-        if i > 0 {
-            key.push(ENTRY_SEP);
-        }
-        match part.split_once('=') {
-            Some((k, v)) => {
-                key.push_str(k);
-                key.push(KV_SEP);
-                key.push_str(v);
-            }
-            None => key.push_str(part),
-        }
-    }
-    Ok(key)
-}
-
 fn storage(e: impl std::fmt::Display) -> KeyError {
     KeyError::Storage(e.to_string())
-}
-
-/// One write of a batch.
-pub(crate) enum Write {
-    Put(String, Stored),
-    Delete(String),
 }
 
 /// The table lookups read: one read transaction, replaced after every
@@ -213,7 +104,7 @@ impl Disk {
         for (key, text) in &rows {
             match serde_json::from_str::<Old>(text) {
                 Ok(old) => match lookup_key(&old.spec.domain, &old.spec.entries()) {
-                    Some(k) => writes.push(Write::Put(k, Stored::of(&old.spec, old.updated_at))),
+                    Some(k) => writes.push(Write::put(k, &Stored::of(&old.spec, old.updated_at))),
                     None => {
                         tracing::warn!(override = %key, "an old override with a control character in its descriptor is dropped")
                     }
@@ -227,21 +118,26 @@ impl Disk {
         Ok(())
     }
 
-    /// The stored entry under `key`.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<Stored>, KeyError> {
+    /// The value under `key`, handed to `f` where it lies (no copy).
+    pub(crate) fn with<T>(&self, key: &str, f: impl FnOnce(&[u8]) -> T) -> Result<Option<T>, KeyError> {
         let table = self.reader.load();
         let Some(v) = table.get(key).map_err(storage)? else { return Ok(None) };
-        serde_json::from_slice(v.value()).map(Some).map_err(|e| KeyError::Storage(format!("a stored entry: {e}")))
+        Ok(Some(f(v.value())))
+    }
+
+    /// The value under `key`, copied.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
+        self.with(key, <[u8]>::to_vec)
     }
 
     /// Apply `writes` in one transaction (all or nothing), keeping the tier
-    /// counts; `also` runs inside it before the commit. The previous stored
-    /// form of each written key, in order.
+    /// counts; `also` runs inside it before the commit. Whether each written
+    /// key held a value before, in order.
     pub(crate) fn apply(
         &self,
         writes: &[Write],
         also: impl FnOnce(&redb::WriteTransaction) -> Result<(), KeyError>,
-    ) -> Result<Vec<Option<Stored>>, KeyError> {
+    ) -> Result<Vec<bool>, KeyError> {
         let txn = self.db.begin_write().map_err(storage)?;
         let mut before = Vec::with_capacity(writes.len());
         {
@@ -249,26 +145,18 @@ impl Disk {
             let mut counts = txn.open_table(COUNTS).map_err(storage)?;
             let mut delta: HashMap<String, i64> = HashMap::new();
             for w in writes {
-                let (key, new) = match w {
-                    Write::Put(k, s) => (k.as_str(), Some(s)),
-                    Write::Delete(k) => (k.as_str(), None),
-                };
-                let domain = key.split(ENTRY_SEP).next().unwrap_or_default();
-                let old = match new {
-                    Some(s) => {
-                        let text = serde_json::to_vec(s).map_err(storage)?;
-                        table.insert(key, text.as_slice()).map_err(storage)?.map(|v| v.value().to_vec())
-                    }
+                let key = w.key.as_str();
+                let old = match &w.value {
+                    Some(v) => table.insert(key, v.as_slice()).map_err(storage)?.map(|v| v.value().to_vec()),
                     None => table.remove(key).map_err(storage)?.map(|v| v.value().to_vec()),
                 };
-                let old: Option<Stored> = old.and_then(|v| serde_json::from_slice(&v).ok());
                 if let Some(o) = &old {
-                    *delta.entry(o.count_key(domain)).or_default() -= 1;
+                    *delta.entry(count_key(key, o)).or_default() -= 1;
                 }
-                if let Some(n) = new {
-                    *delta.entry(n.count_key(domain)).or_default() += 1;
+                if let Some(n) = &w.value {
+                    *delta.entry(count_key(key, n)).or_default() += 1;
                 }
-                before.push(old);
+                before.push(old.is_some());
             }
             for (k, d) in delta.into_iter().filter(|(_, d)| *d != 0) {
                 let now = counts.get(k.as_str()).map_err(storage)?.map_or(0, |v| v.value());
@@ -308,7 +196,7 @@ impl Disk {
         inclusive: bool,
         within: &str,
         limit: usize,
-    ) -> Result<(Vec<(String, Stored)>, bool), KeyError> {
+    ) -> Result<Rows, KeyError> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(KEYS).map_err(storage)?;
         let range = if inclusive {
@@ -326,44 +214,8 @@ impl Disk {
             if out.len() == limit {
                 return Ok((out, true));
             }
-            match serde_json::from_slice::<Stored>(v.value()) {
-                Ok(s) => out.push((key.to_owned(), s)),
-                Err(e) => tracing::warn!(entry = ?key, "a stored entry that does not parse is skipped: {e}"),
-            }
+            out.push((key.to_owned(), v.value().to_vec()));
         }
         Ok((out, false))
-    }
-
-    /// Every stored entry, in key order (for the shared mirror's diff).
-    pub(crate) fn all_keys(&self) -> Result<Vec<String>, KeyError> {
-        let read = self.db.begin_read().map_err(storage)?;
-        let table = read.open_table(KEYS).map_err(storage)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(storage)? {
-            out.push(row.map_err(storage)?.0.value().to_owned());
-        }
-        Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lookup_keys_order_by_domain_then_descriptor_and_split_back() {
-        let a = lookup_key("api", &[("user", "alice")]).unwrap();
-        let b = lookup_key("api", &[("user", "alice"), ("path", "/x")]).unwrap();
-        let c = lookup_key("api", &[("user", "bob")]).unwrap();
-        let d = lookup_key("api2", &[("user", "alice")]).unwrap();
-        assert!(a < b && b < c && c < d, "{a:?} {b:?} {c:?} {d:?}");
-        assert!(b.starts_with(&listing_start("api", "user=al").unwrap()));
-        assert!(a.starts_with(&listing_start("api", "").unwrap()));
-        assert!(!d.starts_with(&listing_start("api", "").unwrap()), "api2 is another domain");
-        assert_eq!(listing_start("api", "user=alice").unwrap(), a, "a whole descriptor is its lookup key");
-        let (domain, entries) = split_lookup_key(&b);
-        assert_eq!(domain, "api");
-        assert_eq!(entries[1], Entry { key: "path".into(), value: "/x".into() });
-        assert!(lookup_key("api", &[("user", "a\u{0}b")]).is_none());
     }
 }

@@ -1,55 +1,64 @@
 //! Per-key limits: a limit for one exact descriptor (`user=alice` in domain
 //! `api`), by naming a tier of the domain's rules file or by giving its own
-//! limits, taking precedence over the files. Millions of them: they live on
-//! disk ([`disk`]), and the decision path reads them through a bounded
-//! cache that also holds "no entry" answers.
+//! limits, taking precedence over the files. Millions of them: they live in
+//! a store ([`disk`] on one node; [`sharded`], Redis or a Redis Cluster,
+//! when instances share a Redis store), and the decision path reads them
+//! through a bounded cache that also holds "no entry" answers.
 //!
 //! * **Lookups.** A domain without entries costs one set lookup. Otherwise
-//!   the descriptor's lookup key is looked up in the cache
-//!   ([quick_cache]: S3-FIFO eviction, sharded, `--key-cache` entries); a
-//!   miss reads the database on the deciding thread (a B-tree descent: a
-//!   few microseconds from the OS page cache; redb readers take no lock
-//!   that writers or other readers hold) and caches the answer, entry or
-//!   none. Concurrent misses for one key wait for the first one's read:
-//!   one read per key. A cached answer older than the time to live
+//!   the descriptor's lookup key is looked up in the cache ([quick_cache]:
+//!   S3-FIFO eviction, sharded, `--key-cache` answers). A cached answer is
+//!   the entry's limits only: a tier's name (one shared copy per tier) or
+//!   its own parsed limits, about [`BYTES_PER_ANSWER`] bytes with its key.
+//!   Concurrent misses for one key wait for the first one's read: one read
+//!   per key. A cached answer older than the time to live
 //!   (`--key-cache-ttl`, default 60 s) is read again.
-//! * **Writes** go to the database first (durable when they return), then
-//!   drop that one key from the cache: the next lookup reads the new entry.
-//!   A batch (`keys import`) is one transaction: all of it or none.
+//! * **Misses.** On disk, a miss reads the database on the deciding thread
+//!   (a B-tree descent through one long-lived read transaction; redb
+//!   readers take no lock writers or other readers hold). With Redis, a
+//!   miss waits for the next read batch (one `HMGET` per shard, beside the
+//!   decision's own call); when Redis fails, the miss gets the files' rules
+//!   and nothing is cached (`floodgate_key_read_errors_total`).
+//! * **Writes** go to the store first (durable when they return), then
+//!   drop their keys from the cache. With Redis every instance drops them
+//!   too: the write publishes its keys, and each instance's subscription
+//!   removes them from its cache within a round trip. Pub/Sub delivers at
+//!   most once: an instance whose subscription was lost (Redis restarted,
+//!   failed over, or stopped answering its pings) drops its whole cache
+//!   when it subscribes again, and the time to live bounds what a lost
+//!   message could leave stale.
 //! * **Tiers** are resolved at decision time against the rules in use, so a
 //!   tier edited in its rules file applies to every key on it at once. An
 //!   entry naming an unknown tier is refused when written; one found anyway
 //!   (the tier's file edited by hand, another instance's write) falls back
 //!   to the files' rules, with a warning and a metric.
-//! * **Counts.** The database keeps the number of entries per (domain,
-//!   tier), updated in each write's transaction. A reload that would remove
-//!   a tier still named by entries is refused ([`PerKey::check_rules`]).
-//!
-//! With the Redis store the entries are shared ([`PerKey::share`]): Redis
-//! holds them (`floodgate_redis::SharedMap`), every instance polls its
-//! version every 250 ms and mirrors it to its database on a change, and a
-//! write through the admin API goes to Redis first (when Redis fails, it
-//! fails with 503 and changes nothing). Sharing holds at most
-//! [`MAX_SHARED`] entries until the sharded Redis store lands.
+//! * **Counts.** The store keeps the number of entries per (domain, tier),
+//!   updated in each write's transaction (Redis: each shard's counts, in
+//!   the write's script). A reload that would remove a tier still named by
+//!   entries is refused ([`PerKey::check_rules`]).
 
 mod disk;
+mod sharded;
+mod value;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use floodgate_core::rules::{
-    ConfigError, ConfigErrors, Pos, Rule, RuleSet, check_tier_name, counter_key, parse_limits,
-};
-use floodgate_redis::SharedMap;
+use floodgate_core::rules::{ConfigError, Pos, Rule, RuleSet, check_tier_name, counter_key};
+use floodgate_redis::RedisStore;
 use quick_cache::sync::{Cache, GuardResult};
 use serde::{Deserialize, Serialize};
 
-pub use disk::{DB_CACHE_BYTES, lookup_key};
-use disk::{Disk, Stored, Write};
+pub use disk::DB_CACHE_BYTES;
+use disk::Disk;
+pub use sharded::SHARDS;
+use sharded::Sharded;
+pub use value::lookup_key;
+use value::{Stored, check_text, limits_of, own_limits};
 
 /// Most entries in an entry's descriptor.
 pub const MAX_ENTRIES: usize = 64;
@@ -57,14 +66,16 @@ pub const MAX_ENTRIES: usize = 64;
 pub const MAX_TEXT: usize = 1_024;
 /// Most entries one batch (one `keys import` request) writes.
 pub const MAX_BATCH: usize = 10_000;
-/// Most entries shared through Redis (the shared map is loaded whole).
-pub const MAX_SHARED: usize = 100_000;
 /// Cached answers by default.
 pub const DEFAULT_CACHE_ENTRIES: usize = 100_000;
 /// How long a cached answer is used by default.
 pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(60);
 /// The metrics label of entries with their own limits and no `name`.
 pub const PER_KEY_LABEL: &str = "per-key";
+/// Memory per cached answer, its key included, measured with descriptors
+/// like `user=<7 digits>` (BENCHMARKS.md, "Per-key limits"): the cache's
+/// share of the RSS bound is `--key-cache` × this.
+pub const BYTES_PER_ANSWER: usize = 120;
 
 /// One `(key, value)` of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,16 +123,38 @@ impl KeySpec {
     }
 }
 
-/// What an entry's limits are.
+/// What an entry's limits are: what a lookup answers.
 #[derive(Debug, Clone)]
 pub enum Limits {
     /// The named tier of the domain, as the rules in use define it.
     Tier(Arc<str>),
     /// Its own, validated.
-    Own(Vec<Rule>),
+    Own(Arc<[Rule]>),
 }
 
-/// A stored entry, validated.
+impl Limits {
+    /// Its limits under the rules `set` for an entry of `domain`: its own,
+    /// or its tier's (`None` when the domain has no such tier).
+    pub fn rules_in<'a>(&'a self, set: &'a RuleSet, domain: &str) -> Option<&'a [Rule]> {
+        match self {
+            Self::Own(rules) => Some(rules),
+            Self::Tier(t) => tier_of(set, domain, t).map(|t| t.rules.as_slice()),
+        }
+    }
+
+    /// The counter key of its `i`th limit, for the descriptor whose own
+    /// counter key is `base`: distinct from any file rule's (an entry starts
+    /// its own counters and leaves the files' intact), and from other
+    /// tiers' (moving a key to another tier starts it afresh).
+    pub fn counter_key(&self, base: &str, i: usize) -> String {
+        match self {
+            Self::Tier(t) => format!("{base}@tier:{t}#{i}"),
+            Self::Own(_) => format!("{base}@override#{i}"),
+        }
+    }
+}
+
+/// An entry as written, validated.
 #[derive(Debug, Clone)]
 pub struct KeyEntry {
     /// As written.
@@ -130,27 +163,17 @@ pub struct KeyEntry {
     pub limits: Limits,
     /// Seconds since the Unix epoch.
     pub updated_at: u64,
-    key: String,
 }
 
 impl KeyEntry {
-    /// The counter key of its `i`th limit: distinct from any file rule's
-    /// (an entry starts its own counters and leaves the files' intact), and
-    /// from other tiers' (moving a key to another tier starts it afresh).
+    /// The counter key of its `i`th limit ([`Limits::counter_key`]).
     pub fn counter_key(&self, i: usize) -> String {
-        match &self.limits {
-            Limits::Tier(t) => format!("{}@tier:{t}#{i}", self.key),
-            Limits::Own(_) => format!("{}@override#{i}", self.key),
-        }
+        self.limits.counter_key(&counter_key(&self.spec.domain, &self.spec.entries()), i)
     }
 
-    /// Its limits under the rules `set`: its own, or its tier's (`None` when
-    /// the domain has no such tier).
+    /// Its limits under the rules `set` ([`Limits::rules_in`]).
     pub fn rules_in<'a>(&'a self, set: &'a RuleSet) -> Option<&'a [Rule]> {
-        match &self.limits {
-            Limits::Own(rules) => Some(rules),
-            Limits::Tier(t) => tier_of(set, &self.spec.domain, t).map(|t| t.rules.as_slice()),
-        }
+        self.limits.rules_in(set, &self.spec.domain)
     }
 }
 
@@ -168,7 +191,7 @@ pub enum KeyError {
     /// The limits do not validate (400), each error positioned in the
     /// limits' JSON.
     #[error("invalid limits:\n{0}")]
-    Limits(ConfigErrors),
+    Limits(floodgate_core::rules::ConfigErrors),
     /// The database failed (500); nothing changed.
     #[error("per-key storage failed: {0}")]
     Storage(String),
@@ -177,14 +200,11 @@ pub enum KeyError {
         "{0} is open in another floodgate process: give each instance its own --overrides-file (or leave the flag out: each instance then gets its own file under --state-dir)"
     )]
     InUse(String),
-    /// Entries are shared through Redis, which failed (503); nothing
-    /// changed.
-    #[error("per-key entries are shared through Redis, which failed: {0}; nothing changed, try again")]
+    /// Entries are kept in Redis, which failed (503).
+    #[error(
+        "per-key entries are kept in Redis, which failed: {0}; try again (on one Redis server a failed write changed nothing; on a Redis Cluster part of a batch may be written, and writing it again completes it)"
+    )]
     Shared(String),
-}
-
-fn storage(e: impl std::fmt::Display) -> KeyError {
-    KeyError::Storage(e.to_string())
 }
 
 /// The cache's size and time to live.
@@ -202,11 +222,12 @@ impl Default for CacheOptions {
     }
 }
 
-/// A cached answer: the entry, or none, and when it was read.
+/// A cached answer: the entry's limits, or none, and when it was read
+/// (milliseconds after the store opened).
 #[derive(Clone)]
 struct Cached {
-    entry: Option<Arc<KeyEntry>>,
-    read_at: Instant,
+    limits: Option<Limits>,
+    read_ms: u64,
 }
 
 /// A page of a listing.
@@ -223,25 +244,54 @@ pub struct Page {
 pub struct KeyStats {
     /// Lookups answered from the cache.
     pub hits: AtomicU64,
-    /// Lookups that read the database.
+    /// Lookups that read the store.
     pub misses: AtomicU64,
+    /// Misses the store failed to answer (the files' rules applied).
+    pub read_errors: AtomicU64,
     /// Decisions whose entry named a tier the rules do not define.
     pub unknown_tier: AtomicU64,
     /// Stored entries that could not be read or no longer validate.
     pub bad_entries: AtomicU64,
+    /// Times the change subscription was (re)established, each dropping
+    /// the cache.
+    pub subscribed: AtomicU64,
+}
+
+/// Rows of a listing (lookup key, value) and whether more follow.
+pub(crate) type Rows = (Vec<(String, Vec<u8>)>, bool);
+
+/// One write of a batch: a lookup key and its new value (`None` deletes).
+pub(crate) struct Write {
+    key: String,
+    value: Option<Vec<u8>>,
+}
+
+impl Write {
+    fn put(key: String, stored: &Stored) -> Self {
+        Self { key, value: Some(stored.encode()) }
+    }
 }
 
 /// The per-key store.
 pub struct PerKey {
     disk: Disk,
+    /// Set when entries are kept in Redis: every read and write goes there.
+    sharded: OnceLock<Arc<Sharded>>,
     cache: Cache<String, Cached>,
-    ttl: Duration,
+    ttl_ms: u64,
+    opened: Instant,
     /// Domains with at least one entry (most requests skip the cache).
     domains: ArcSwap<HashSet<Box<str>>>,
+    /// Look up every domain: set until Redis's counts are first read.
+    all_domains: AtomicBool,
     /// `(domain, tier)` → entries (tier empty for own limits).
     counts: Mutex<HashMap<(String, String), u64>>,
+    /// One copy of each tier name for the cached answers.
+    tiers: Mutex<HashSet<Arc<str>>>,
+    /// Serializes disk writes (redb has one writer at a time anyway).
     write: Mutex<()>,
-    shared: OnceLock<SharedMap>,
+    /// Serializes writes to Redis with their counts' refresh.
+    shared_write: tokio::sync::Mutex<()>,
     /// `(domain, tier)` already warned about as unknown.
     warned: Mutex<HashSet<(String, String)>>,
     stats: KeyStats,
@@ -265,92 +315,189 @@ impl PerKey {
         let disk = Disk::open(path.as_ref())?;
         let this = Self {
             disk,
+            sharded: OnceLock::new(),
             cache: Cache::new(cache.entries.max(1)),
-            ttl: cache.ttl,
+            ttl_ms: u64::try_from(cache.ttl.as_millis()).unwrap_or(u64::MAX),
+            opened: Instant::now(),
             domains: ArcSwap::default(),
+            all_domains: AtomicBool::new(false),
             counts: Mutex::default(),
+            tiers: Mutex::default(),
             write: Mutex::new(()),
-            shared: OnceLock::new(),
+            shared_write: tokio::sync::Mutex::new(()),
             warned: Mutex::default(),
             stats: KeyStats::default(),
         };
-        this.refresh_counts()?;
+        this.set_counts(this.disk.counts()?);
         Ok(this)
     }
 
-    /// Reload the per-tier counts (and the domains with entries) from disk.
-    fn refresh_counts(&self) -> Result<(), KeyError> {
-        let rows = self.disk.counts()?;
+    /// Whether the entries are kept in Redis.
+    pub fn is_shared(&self) -> bool {
+        self.sharded.get().is_some()
+    }
+
+    /// Take the per-tier counts (and the domains with entries) as read.
+    fn set_counts(&self, rows: Vec<(String, String, u64)>) {
         let domains = rows.iter().filter(|r| r.2 > 0).map(|r| Box::from(r.0.as_str())).collect();
         let counts = rows.into_iter().map(|(d, t, n)| ((d, t), n)).collect();
         *self.counts.lock().unwrap_or_else(PoisonError::into_inner) = counts;
         self.domains.store(Arc::new(domains));
+    }
+
+    /// Read the per-tier counts from the store again.
+    async fn refresh_counts(&self) -> Result<(), KeyError> {
+        let rows = match self.sharded.get() {
+            Some(s) => s.counts().await?,
+            None => self.disk.counts()?,
+        };
+        self.set_counts(rows);
+        self.all_domains.store(false, Relaxed);
         Ok(())
     }
 
-    /// The entry of exactly this descriptor, if any (through the cache).
-    pub fn get(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Arc<KeyEntry>> {
-        if !self.domains.load().contains(domain) {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The lookup key of a descriptor, when its domain may have entries.
+    fn key_of(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<String> {
+        if !self.all_domains.load(Relaxed) && !self.domains.load().contains(domain) {
             return None;
         }
-        let key = lookup_key(domain, entries)?;
+        lookup_key(domain, entries)
+    }
+
+    /// The limits of exactly this descriptor's entry, if any, through the
+    /// cache; a miss reads the store (on disk, on this thread; in Redis, in
+    /// the next read batch). `None` when there is none, or the store failed
+    /// to answer a miss (the files' rules apply then).
+    pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
+        let key = self.key_of(domain, entries)?;
+        let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key) };
         for _ in 0..2 {
-            match self.cache.get_value_or_guard(&key, None) {
-                GuardResult::Value(c) if c.read_at.elapsed() < self.ttl => {
-                    self.stats.hits.fetch_add(1, Relaxed);
-                    return c.entry;
-                }
-                GuardResult::Value(_) => {
-                    // Past its time to live: read it again.
+            match self.cache.get_value_or_guard_async(&key).await {
+                Ok(c) if self.fresh(&c) => return self.hit(c),
+                Ok(_) => {
                     self.cache.remove(&key);
                 }
+                Err(guard) => {
+                    let read_ms = self.now_ms();
+                    self.stats.misses.fetch_add(1, Relaxed);
+                    let got = sharded.read(key.clone()).await.inspect_err(|e| {
+                        self.stats.read_errors.fetch_add(1, Relaxed);
+                        tracing::debug!("a per-key miss could not be read: {e}; the files' rules apply");
+                    });
+                    let limits = self.decoded(&key, got.ok()?.as_deref());
+                    // Fails when a change removed the placeholder meanwhile.
+                    let _ = guard.insert(Cached { limits: limits.clone(), read_ms });
+                    return limits;
+                }
+            }
+        }
+        None
+    }
+
+    /// [`PerKey::lookup`] without waiting: `Err(())` when the answer needs
+    /// a Redis read (a miss with the entries in Redis).
+    #[allow(clippy::result_unit_err)]
+    pub fn lookup_now(
+        &self,
+        domain: &str,
+        entries: &[(impl AsRef<str>, impl AsRef<str>)],
+    ) -> Result<Option<Limits>, ()> {
+        let Some(key) = self.key_of(domain, entries) else { return Ok(None) };
+        if self.sharded.get().is_none() {
+            return Ok(self.lookup_disk(&key));
+        }
+        match self.cache.get(&key) {
+            Some(c) if self.fresh(&c) => Ok(self.hit(c)),
+            _ => Err(()),
+        }
+    }
+
+    /// [`PerKey::lookup_now`], a Redis miss answered `None` (for tests and
+    /// tools; the service waits for the read).
+    pub fn get(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
+        self.lookup_now(domain, entries).ok().flatten()
+    }
+
+    fn fresh(&self, c: &Cached) -> bool {
+        self.now_ms().saturating_sub(c.read_ms) < self.ttl_ms
+    }
+
+    fn hit(&self, c: Cached) -> Option<Limits> {
+        self.stats.hits.fetch_add(1, Relaxed);
+        c.limits
+    }
+
+    /// A lookup on disk: the cache, then the database on this thread.
+    fn lookup_disk(&self, key: &str) -> Option<Limits> {
+        for _ in 0..2 {
+            match self.cache.get_value_or_guard(key, None) {
+                GuardResult::Value(c) if self.fresh(&c) => return self.hit(c),
+                GuardResult::Value(_) => {
+                    // Past its time to live: read it again.
+                    self.cache.remove(key);
+                }
                 GuardResult::Guard(g) => {
-                    let read_at = Instant::now();
-                    let entry = self.read(&key).ok()?;
+                    let read_ms = self.now_ms();
+                    let limits = self.read_disk(key).ok()?;
                     // Fails when a write removed the placeholder meanwhile:
                     // the next lookup reads the new entry.
-                    let _ = g.insert(Cached { entry: entry.clone(), read_at });
-                    return entry;
+                    let _ = g.insert(Cached { limits: limits.clone(), read_ms });
+                    return limits;
                 }
                 GuardResult::Timeout => break,
             }
         }
-        self.read(&key).ok().flatten()
+        self.read_disk(key).ok().flatten()
     }
 
-    /// Read one entry from the database (a miss). A stored entry that no
-    /// longer validates is counted, logged and treated as none.
-    fn read(&self, key: &str) -> Result<Option<Arc<KeyEntry>>, KeyError> {
+    /// Read one entry's limits from the database (a miss).
+    fn read_disk(&self, key: &str) -> Result<Option<Limits>, KeyError> {
         self.stats.misses.fetch_add(1, Relaxed);
-        let stored = self.disk.get(key).inspect_err(|e| {
-            self.stats.bad_entries.fetch_add(1, Relaxed);
+        let read = self.disk.with(key, |v| self.decoded(key, Some(v))).inspect_err(|e| {
+            self.stats.read_errors.fetch_add(1, Relaxed);
             tracing::warn!("a per-key entry could not be read: {e}; the files' rules apply");
         })?;
-        let Some(stored) = stored else { return Ok(None) };
-        let updated_at = stored.updated_at;
-        match build(stored.spec(key), updated_at) {
-            Ok(e) => Ok(Some(Arc::new(e))),
+        Ok(read.flatten())
+    }
+
+    /// The limits of a stored value; a value that no longer validates is
+    /// counted, logged and taken as none.
+    fn decoded(&self, key: &str, value: Option<&[u8]>) -> Option<Limits> {
+        match limits_of(value?, |t| self.intern(t)) {
+            Ok(l) => Some(l),
             Err(e) => {
                 self.stats.bad_entries.fetch_add(1, Relaxed);
                 tracing::warn!(entry = %key.replace(['\u{0}', '\u{1}'], " "), "a stored per-key entry is ignored: {e}");
-                Ok(None)
+                None
             }
         }
     }
 
-    /// Note a decision whose entry names a tier the rules do not define:
-    /// counted, and logged once per (domain, tier).
-    pub fn unknown_tier(&self, entry: &KeyEntry) {
+    /// The one shared copy of a tier name.
+    fn intern(&self, tier: &str) -> Arc<str> {
+        let mut tiers = self.tiers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = tiers.get(tier) {
+            return t.clone();
+        }
+        let t: Arc<str> = Arc::from(tier);
+        tiers.insert(t.clone());
+        t
+    }
+
+    /// Note a decision whose entry, of `domain`, names a tier the rules do
+    /// not define: counted, and logged once per (domain, tier).
+    pub fn unknown_tier(&self, domain: &str, limits: &Limits) {
         self.stats.unknown_tier.fetch_add(1, Relaxed);
-        let Limits::Tier(t) = &entry.limits else { return };
-        let first = self
-            .warned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((entry.spec.domain.clone(), t.to_string()));
+        let Limits::Tier(t) = limits else { return };
+        let first =
+            self.warned.lock().unwrap_or_else(PoisonError::into_inner).insert((domain.to_owned(), t.to_string()));
         if first {
             tracing::warn!(
-                domain = %entry.spec.domain,
+                domain = %domain,
                 tier = %t,
                 "a per-key entry names a tier the rules do not define: its key gets the files' rules (counted in floodgate_key_unknown_tier_total)"
             );
@@ -404,50 +551,69 @@ impl PerKey {
         if errors.is_empty() { Ok(built) } else { Err(errors) }
     }
 
-    /// Write validated entries ([`PerKey::validate`]) in one transaction,
-    /// through Redis first when shared.
+    /// Write validated entries ([`PerKey::validate`]): in one transaction
+    /// on disk; in Redis, see [`sharded`].
     pub async fn put_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
-        if let Some(map) = self.shared.get() {
-            if self.total() + entries.len() > MAX_SHARED {
-                return Err(KeyError::Invalid(format!(
-                    "entries shared through Redis stop at {MAX_SHARED} for now: delete some first"
-                )));
-            }
-            for e in entries {
-                map.set(&e.key, &shared_text(&e.spec, e.updated_at)?)
-                    .await
-                    .map_err(|e| KeyError::Shared(e.to_string()))?;
-            }
-        }
-        self.write_all(entries)
-    }
-
-    /// Write validated entries locally, in one transaction.
-    pub fn write_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
-        let writes: Vec<Write> = entries
-            .iter()
-            .map(|e| {
-                let key = lookup_key(&e.spec.domain, &e.spec.entries())
-                    .ok_or_else(|| KeyError::Invalid("a control character in the descriptor".into()))?;
-                Ok(Write::Put(key, Stored::of(&e.spec, e.updated_at)))
-            })
-            .collect::<Result<_, KeyError>>()?;
-        self.commit(&writes)?;
+        self.commit(writes_of(entries)?).await?;
         Ok(entries.len())
     }
 
-    /// Apply writes, then refresh the counts and drop the written keys from
-    /// the cache (in that order: a lookup after the drop reads the new
-    /// state, and sees its domain). Whether each key held an entry before.
-    fn commit(&self, writes: &[Write]) -> Result<Vec<bool>, KeyError> {
+    /// Write validated entries on disk, in one transaction (not for entries
+    /// kept in Redis: [`PerKey::put_all`]).
+    pub fn write_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
+        self.commit_disk(&writes_of(entries)?)?;
+        Ok(entries.len())
+    }
+
+    /// Apply writes to the store, then refresh the counts and drop the
+    /// written keys from the cache (in that order: a lookup after the drop
+    /// reads the new state, and sees its domain). Whether each key held an
+    /// entry before.
+    async fn commit(&self, writes: Vec<Write>) -> Result<Vec<bool>, KeyError> {
+        let Some(sharded) = self.sharded.get() else { return self.commit_disk(&writes) };
+        let _guard = self.shared_write.lock().await;
+        let before = sharded.apply(&writes).await?;
+        if let Err(e) = self.refresh_counts().await {
+            tracing::debug!("per-key counts not read after a write: {e}");
+        }
+        self.forget(writes.iter().map(|w| w.key.as_str()));
+        Ok(before)
+    }
+
+    fn commit_disk(&self, writes: &[Write]) -> Result<Vec<bool>, KeyError> {
+        if self.is_shared() {
+            return Err(KeyError::Invalid(
+                "per-key entries are kept in Redis here: write them through the admin API".into(),
+            ));
+        }
         let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         let before = self.disk.apply(writes, |_| Ok(()))?;
-        self.refresh_counts()?;
-        for w in writes {
-            let (Write::Put(k, _) | Write::Delete(k)) = w;
-            self.cache.remove(k);
+        self.set_counts(self.disk.counts()?);
+        self.forget(writes.iter().map(|w| w.key.as_str()));
+        Ok(before)
+    }
+
+    /// Drop these lookup keys from the cache, and note their domains as
+    /// having entries (so lookups no longer skip them).
+    fn forget<'a>(&self, keys: impl Iterator<Item = &'a str>) {
+        let mut new_domains: Vec<Box<str>> = Vec::new();
+        {
+            let domains = self.domains.load();
+            for k in keys {
+                self.cache.remove(k);
+                let d = value::domain_of(k);
+                if !domains.contains(d) && !new_domains.iter().any(|n| &**n == d) {
+                    new_domains.push(Box::from(d));
+                }
+            }
         }
-        Ok(before.iter().map(Option::is_some).collect())
+        if !new_domains.is_empty() {
+            self.domains.rcu(|old| {
+                let mut set = HashSet::clone(old);
+                set.extend(new_domains.iter().cloned());
+                set
+            });
+        }
     }
 
     /// [`PerKey::validate`] of one spec: the entry, or why not.
@@ -462,44 +628,64 @@ impl PerKey {
         }
     }
 
-    /// Set one entry (validated against `set`), through Redis first when
-    /// shared.
-    pub async fn put(&self, spec: KeySpec, set: &RuleSet, regions: usize) -> Result<Arc<KeyEntry>, KeyError> {
+    /// Set one entry (validated against `set`, and for `regions` regions).
+    pub async fn put(&self, spec: KeySpec, set: &RuleSet, regions: usize) -> Result<KeyEntry, KeyError> {
         let e = Self::validate_one(spec, set, |r| crate::runtime::regions::check_rule(r, regions))?;
         self.put_all(std::slice::from_ref(&e)).await?;
-        Ok(Arc::new(e))
+        Ok(e)
     }
 
-    /// Set one entry locally (validated against `set`); durable when this
+    /// Set one entry on disk (validated against `set`); durable when this
     /// returns.
-    pub fn set(&self, spec: KeySpec, set: &RuleSet) -> Result<Arc<KeyEntry>, KeyError> {
+    pub fn set(&self, spec: KeySpec, set: &RuleSet) -> Result<KeyEntry, KeyError> {
         let e = Self::validate_one(spec, set, |_| None)?;
         self.write_all(std::slice::from_ref(&e))?;
-        Ok(Arc::new(e))
+        Ok(e)
     }
 
-    /// Delete one entry locally; `false` when there was none.
+    /// Delete one entry on disk; `false` when there was none.
     pub fn delete(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Result<bool, KeyError> {
         let Some(key) = lookup_key(domain, entries) else { return Ok(false) };
-        Ok(self.commit(&[Write::Delete(key)])?.first().copied().unwrap_or(false))
+        Ok(self.commit_disk(&[Write { key, value: None }])?.first().copied().unwrap_or(false))
     }
 
-    /// Delete one entry, through Redis first when shared.
+    /// Delete one entry from the store; `false` when there was none.
     pub async fn remove(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Result<bool, KeyError> {
-        if let Some(map) = self.shared.get() {
-            let Some(key) = lookup_key(domain, entries) else { return Ok(false) };
-            if self.disk.get(&key)?.is_none() {
-                return Ok(false);
-            }
-            map.remove(&counter_key(domain, entries)).await.map_err(|e| KeyError::Shared(e.to_string()))?;
-        }
-        self.delete(domain, entries)
+        let Some(key) = lookup_key(domain, entries) else { return Ok(false) };
+        Ok(self.commit(vec![Write { key, value: None }]).await?.first().copied().unwrap_or(false))
     }
 
     /// One page of entries in (domain, descriptor) order: of `domain` (all
     /// domains when `None`) whose descriptor, written `key=value, key=value`,
     /// starts with `prefix` (or is exactly `prefix` with `exact`), after
-    /// `cursor` (a page's `next_cursor`).
+    /// `cursor` (a page's `next_cursor`). Up to `limit`: with Redis a page
+    /// may hold fewer while more follow (`next_cursor` says).
+    pub async fn list(
+        &self,
+        domain: Option<&str>,
+        prefix: &str,
+        exact: bool,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, KeyError> {
+        let Some(sharded) = self.sharded.get() else { return self.page(domain, prefix, exact, cursor, limit) };
+        let (within, after) = listing_bounds(domain, prefix, cursor)?;
+        let (rows, more) = if exact {
+            let rows = match sharded.get(&within).await? {
+                Some(v) if after.as_deref().is_none_or(|a| a < within.as_str()) => vec![(within.clone(), v)],
+                _ => Vec::new(),
+            };
+            (rows, false)
+        } else {
+            match &after {
+                Some(a) if a.as_str() >= within.as_str() => sharded.page(a, false, &within, limit).await?,
+                _ => sharded.page(&within, true, &within, limit).await?,
+            }
+        };
+        self.page_of(rows, more)
+    }
+
+    /// [`PerKey::list`] on disk (not for entries kept in Redis).
     pub fn page(
         &self,
         domain: Option<&str>,
@@ -508,15 +694,10 @@ impl PerKey {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Page, KeyError> {
-        let within = match domain {
-            Some(d) => disk::listing_start(d, prefix)?,
-            None if prefix.is_empty() => String::new(),
-            None => return Err(KeyError::Invalid("prefix: give domain too".into())),
-        };
-        let after = cursor.map(unhex).transpose()?;
+        let (within, after) = listing_bounds(domain, prefix, cursor)?;
         let (rows, more) = if exact {
             let rows = match self.disk.get(&within)? {
-                Some(s) if after.as_deref().is_none_or(|a| a < within.as_str()) => vec![(within.clone(), s)],
+                Some(v) if after.as_deref().is_none_or(|a| a < within.as_str()) => vec![(within.clone(), v)],
                 _ => Vec::new(),
             };
             (rows, false)
@@ -526,12 +707,23 @@ impl PerKey {
                 _ => self.disk.page(&within, true, &within, limit)?,
             }
         };
+        self.page_of(rows, more)
+    }
+
+    /// A page of stored rows (one that does not decode is skipped, logged).
+    fn page_of(&self, rows: Vec<(String, Vec<u8>)>, more: bool) -> Result<Page, KeyError> {
         let next_cursor = if more { rows.last().map(|(k, _)| hex(k)) } else { None };
         let entries = rows
             .into_iter()
-            .map(|(k, s)| {
-                let at = s.updated_at;
-                (s.spec(&k), at)
+            .filter_map(|(k, v)| match Stored::decode(&v) {
+                Ok(s) => {
+                    let at = s.updated_at;
+                    Some((s.spec(&k), at))
+                }
+                Err(e) => {
+                    tracing::warn!(entry = %k.replace(['\u{0}', '\u{1}'], " "), "a stored entry that does not decode is not listed: {e}");
+                    None
+                }
             })
             .collect();
         Ok(Page { entries, next_cursor })
@@ -552,14 +744,20 @@ impl PerKey {
         usize::try_from(counts.values().sum::<u64>()).unwrap_or(usize::MAX)
     }
 
-    /// Whether there are none.
+    /// Whether there are none (lookups can be skipped).
     pub fn is_empty(&self) -> bool {
-        self.domains.load().is_empty()
+        !self.all_domains.load(Relaxed) && self.domains.load().is_empty()
     }
 
     /// Answers cached now.
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// Bytes the cache holds now (its keys and answers, quick_cache's own
+    /// accounting).
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.memory_used().total()
     }
 
     /// The counters for the metrics.
@@ -607,97 +805,182 @@ impl PerKey {
         self.counts().into_iter().filter(|(d, t, n)| !t.is_empty() && *n > 0 && tier_of(set, d, t).is_none()).collect()
     }
 
-    /// Share the entries through Redis from now on: changes go to `map`
-    /// first, and the returned task (run it) keeps this instance in step
-    /// with the others.
-    pub fn share(self: &Arc<Self>, map: SharedMap) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let _ = self.shared.set(map.clone());
+    /// Keep the entries in Redis from now on (`store`): reads, writes and
+    /// listings go there, and the returned task (run it) reads misses in
+    /// batches and keeps this instance's cache in step with every other
+    /// instance's writes. Entries of an older layout are moved in first,
+    /// once per Redis: the shared overrides of builds before tiers, else
+    /// this instance's database.
+    pub fn share(self: &Arc<Self>, store: RedisStore) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let sharded = Arc::new(Sharded::new(store));
+        let _ = self.sharded.set(sharded.clone());
+        // Until Redis's counts are read, every domain is looked up.
+        self.all_domains.store(true, Relaxed);
         let this = self.clone();
         async move {
-            let mut seen: Option<u64> = None;
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match this.sync(&map, seen).await {
-                    Ok(v) => seen = Some(v),
-                    Err(e) => tracing::debug!("per-key entries not synced from Redis: {e}"),
+            tokio::join!(sharded.clone().run_reads(), this.follow(&sharded));
+        }
+    }
+
+    /// Set up the layout, then follow the change channel for good:
+    /// subscribe, drop the cache, refresh the counts; drop each message's
+    /// keys from the cache; on losing the subscription, start over.
+    async fn follow(&self, sharded: &Sharded) {
+        let mut set_up = false;
+        let mut lost_logged = false;
+        loop {
+            if !set_up {
+                match self.set_up(sharded).await {
+                    Ok(()) => set_up = true,
+                    Err(e) => tracing::debug!("per-key layout in Redis not checked yet: {e}"),
                 }
+            }
+            match sharded.store().subscribe(&sharded.channel).await {
+                Ok(mut sub) => {
+                    let n = self.stats.subscribed.fetch_add(1, Relaxed);
+                    self.cache.clear();
+                    if n > 0 {
+                        tracing::info!(
+                            "per-key change notices from Redis resumed: the cache was dropped (changes meanwhile may have been missed)"
+                        );
+                    }
+                    lost_logged = false;
+                    if let Err(e) = self.refresh_counts().await {
+                        tracing::debug!("per-key counts not read: {e}");
+                    }
+                    let mut counts = tokio::time::interval(COUNTS_EVERY);
+                    counts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            msg = sub.next() => match msg {
+                                Some(payload) => self.changed(&payload),
+                                None => break,
+                            },
+                            _ = counts.tick() => {
+                                if let Err(e) = self.refresh_counts().await {
+                                    tracing::debug!("per-key counts not read: {e}");
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) if !lost_logged => {
+                    lost_logged = true;
+                    tracing::warn!(
+                        "per-key change notices from Redis unavailable: {e}; cached answers serve until their time to live, and the cache is dropped once they resume"
+                    );
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A change notice: its lookup keys leave the cache.
+    fn changed(&self, payload: &[u8]) {
+        match serde_json::from_slice::<Vec<String>>(payload) {
+            Ok(keys) => self.forget(keys.iter().map(String::as_str)),
+            Err(_) => {
+                tracing::warn!("a per-key change notice that does not parse: the cache is dropped");
+                self.cache.clear();
             }
         }
     }
 
-    /// One sync step: mirror Redis's entries when its version moved since
-    /// `seen`; the version now.
-    async fn sync(&self, map: &SharedMap, seen: Option<u64>) -> Result<u64, KeyError> {
-        let shared = |e: floodgate_core::StoreError| KeyError::Shared(e.to_string());
-        let version = map.version().await.map_err(shared)?;
-        if seen == Some(version) {
-            return Ok(version);
+    /// Move entries of an older layout into the sharded one, once per
+    /// Redis (a marker key says it was done): the shared map of builds
+    /// before tiers (`<prefix>{overrides}`), else this instance's database.
+    async fn set_up(&self, sharded: &Sharded) -> Result<(), KeyError> {
+        if sharded.is_set_up().await? {
+            return Ok(());
         }
-        if version == 0 && seen.is_none() {
-            // Redis never held entries: upload ours.
+        let old = sharded.store().shared_map("overrides");
+        let (version, rows) = old.load().await.map_err(|e| KeyError::Shared(e.to_string()))?;
+        let mut moved = 0;
+        if version > 0 {
+            #[derive(Deserialize)]
+            struct SharedEntry {
+                spec: KeySpec,
+                updated_at: u64,
+            }
+            let mut writes = Vec::with_capacity(rows.len());
+            for (field, text) in &rows {
+                let parsed = serde_json::from_str::<SharedEntry>(text).map_err(|e| e.to_string()).and_then(|s| {
+                    let key = lookup_key(&s.spec.domain, &s.spec.entries()).ok_or("a control character")?;
+                    Ok(Write::put(key, &Stored::of(&s.spec, s.updated_at)))
+                });
+                match parsed {
+                    Ok(w) => writes.push(w),
+                    Err(e) => tracing::warn!("shared override {field:?} not moved: {e}"),
+                }
+            }
+            for chunk in writes.chunks(MAX_BATCH) {
+                sharded.apply(chunk).await?;
+                moved += chunk.len();
+            }
+            tracing::info!(
+                entries = moved,
+                "moved the shared runtime overrides into the sharded per-key entries in Redis"
+            );
+        } else {
             let mut cursor = None;
             loop {
                 let page = self.page(None, "", false, cursor.as_deref(), 1_000)?;
-                for (spec, at) in &page.entries {
-                    map.set(&counter_key(&spec.domain, &spec.entries()), &shared_text(spec, *at)?)
-                        .await
-                        .map_err(shared)?;
-                }
+                let writes: Vec<Write> = page
+                    .entries
+                    .iter()
+                    .filter_map(|(spec, at)| {
+                        Some(Write::put(lookup_key(&spec.domain, &spec.entries())?, &Stored::of(spec, *at)))
+                    })
+                    .collect();
+                sharded.apply(&writes).await?;
+                moved += writes.len();
                 match page.next_cursor {
                     Some(c) => cursor = Some(c),
                     None => break,
                 }
             }
-        }
-        let (version, rows) = map.load().await.map_err(shared)?;
-        #[derive(Deserialize)]
-        struct SharedEntry {
-            spec: KeySpec,
-            updated_at: u64,
-        }
-        let mut writes = Vec::with_capacity(rows.len());
-        let mut keep = HashSet::with_capacity(rows.len());
-        for (field, text) in &rows {
-            let parsed = serde_json::from_str::<SharedEntry>(text).map_err(|e| e.to_string()).and_then(|s| {
-                let key = lookup_key(&s.spec.domain, &s.spec.entries()).ok_or("a control character")?;
-                Ok((key, Stored::of(&s.spec, s.updated_at)))
-            });
-            match parsed {
-                Ok((key, stored)) => {
-                    keep.insert(key.clone());
-                    writes.push(Write::Put(key, stored));
-                }
-                Err(e) => tracing::warn!("shared per-key entry {field:?} skipped: {e}"),
+            if moved > 0 {
+                tracing::info!(entries = moved, "Redis held no per-key entries: uploaded this instance's");
             }
         }
-        for key in self.disk.all_keys()? {
-            if !keep.contains(&key) {
-                writes.push(Write::Delete(key));
-            }
-        }
-        {
-            let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Err(e) = self.disk.apply(&writes, |_| Ok(())) {
-                tracing::warn!("per-key entries from Redis not mirrored to disk: {e}");
-            }
-            self.refresh_counts()?;
-            self.cache.clear();
-        }
-        Ok(version)
+        sharded.mark_set_up().await
     }
+}
+
+/// How often the per-tier counts are read from Redis besides after writes.
+const COUNTS_EVERY: Duration = Duration::from_secs(5);
+
+/// The writes of validated entries.
+fn writes_of(entries: &[KeyEntry]) -> Result<Vec<Write>, KeyError> {
+    entries
+        .iter()
+        .map(|e| {
+            let key = lookup_key(&e.spec.domain, &e.spec.entries())
+                .ok_or_else(|| KeyError::Invalid("a control character in the descriptor".into()))?;
+            Ok(Write::put(key, &Stored::of(&e.spec, e.updated_at)))
+        })
+        .collect()
+}
+
+/// A listing's range (lookup keys starting with the first) and the cursor
+/// decoded.
+fn listing_bounds(
+    domain: Option<&str>,
+    prefix: &str,
+    cursor: Option<&str>,
+) -> Result<(String, Option<String>), KeyError> {
+    let within = match domain {
+        Some(d) => value::listing_start(d, prefix)?,
+        None if prefix.is_empty() => String::new(),
+        None => return Err(KeyError::Invalid("prefix: give domain too".into())),
+    };
+    Ok((within, cursor.map(unhex).transpose()?))
 }
 
 /// Seconds since the Unix epoch.
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// An entry as the shared map holds it (the pre-tier overrides' format,
-/// which older instances read too).
-fn shared_text(spec: &KeySpec, updated_at: u64) -> Result<String, KeyError> {
-    serde_json::to_string(&serde_json::json!({ "spec": spec, "updated_at": updated_at })).map_err(storage)
 }
 
 fn hex(s: &str) -> String {
@@ -724,7 +1007,7 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
     if spec.domain.is_empty() || spec.domain.len() > MAX_TEXT {
         return bad(format!("domain must be 1 to {MAX_TEXT} bytes"));
     }
-    disk::check_text("domain", &spec.domain)?;
+    check_text("domain", &spec.domain)?;
     if spec.descriptor.is_empty() || spec.descriptor.len() > MAX_ENTRIES {
         return bad(format!(
             "descriptor must have 1 to {MAX_ENTRIES} entries, e.g. [{{\"key\": \"user\", \"value\": \"alice\"}}]"
@@ -734,25 +1017,20 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
         if e.key.is_empty() || e.key.len() > MAX_TEXT || e.value.len() > MAX_TEXT {
             return bad(format!("descriptor[{i}]: key must be 1 to {MAX_TEXT} bytes and value at most {MAX_TEXT}"));
         }
-        disk::check_text(&format!("descriptor[{i}]"), &e.key)?;
-        disk::check_text(&format!("descriptor[{i}]"), &e.value)?;
+        check_text(&format!("descriptor[{i}]"), &e.key)?;
+        check_text(&format!("descriptor[{i}]"), &e.value)?;
     }
     if let Some(n) = &spec.name
         && (n.is_empty() || n.len() > 64)
     {
         return bad("name must be 1 to 64 bytes (it labels the entry's decisions in metrics)".into());
     }
-    let key = counter_key(&spec.domain, &spec.entries());
     let limits = match (&spec.tier, &spec.limits) {
         (Some(t), None) => {
             check_tier_name(t).map_err(KeyError::Invalid)?;
             Limits::Tier(Arc::from(t.as_str()))
         }
-        (None, Some(limits)) => {
-            let text = serde_json::to_string(limits).map_err(storage)?;
-            let label = spec.name.as_deref().unwrap_or(PER_KEY_LABEL);
-            Limits::Own(parse_limits("limits", &text, label).map_err(KeyError::Limits)?)
-        }
+        (None, Some(limits)) => own_limits(limits, spec.name.as_deref())?,
         (Some(_), Some(_)) => return bad("give either tier or limits, not both".into()),
         (None, None) => {
             return bad(
@@ -761,5 +1039,5 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
             );
         }
     };
-    Ok(KeyEntry { spec, limits, updated_at, key })
+    Ok(KeyEntry { spec, limits, updated_at })
 }

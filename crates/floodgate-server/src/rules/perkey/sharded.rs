@@ -1,0 +1,385 @@
+//! Per-key entries in Redis or a Redis Cluster, sharded by key: every
+//! instance on the store sees every entry, and none loads them all.
+//!
+//! A lookup key belongs to one of [`SHARDS`] shards (FNV-1a of the key). A
+//! shard is three keys under one hash tag, so one script updates them
+//! atomically, in one slot of a cluster:
+//!
+//! * `<prefix>{keys:NN}:e`, a hash: lookup key → value (`value.rs`);
+//! * `<prefix>{keys:NN}:i`, a sorted set of the lookup keys (all score 0,
+//!   so in byte order): a listing is a `ZRANGEBYLEX` per shard, merged;
+//! * `<prefix>{keys:NN}:c`, a hash: `domain \0 tier` → entries.
+//!
+//! A write is one script per shard it touches ([`WRITE`]): the entries, the
+//! index, the counts, then a `PUBLISH` of the written lookup keys on
+//! `<prefix>keys:changed`, which every instance subscribes to and drops
+//! those keys from its cache. On one Redis server a whole batch is one call
+//! (all or nothing); a Redis Cluster runs each shard's part atomically, so a
+//! failure midway may leave part of a batch written (writing it again
+//! completes it: writes are idempotent).
+//!
+//! Misses are read in batches ([`Sharded::read`]): the misses waiting while
+//! a batch is out go together in the next, one `HMGET` per shard, sent
+//! together; at most [`READS_IN_FLIGHT`] batches are out at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use floodgate_core::StoreError;
+use floodgate_redis::{RedisStore, Target};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{KeyError, Rows, Write};
+
+/// Shards of the entries. Fixed: instances on one store must agree.
+pub const SHARDS: usize = 64;
+/// Most misses one read batch carries.
+pub(crate) const READ_BATCH: usize = 1_024;
+/// Read batches out at once.
+pub(crate) const READS_IN_FLIGHT: usize = 4;
+/// Misses waiting for a batch before a lookup waits to queue.
+const READ_QUEUE: usize = 65_536;
+
+/// Writes entries of one or more shards. KEYS: per shard its entries hash,
+/// index and counts. ARGV: the channel, the message, then per shard the
+/// number of writes and that many (lookup key, value) pairs (an empty
+/// value deletes). Returns, per write, 1 when the key held a value before.
+/// The tier of a value is read as `value.rs` writes it.
+const WRITE: &str = r"
+local function count(c, field, v, by)
+  local cut = string.find(field, '\0', 1, true)
+  local tier = ''
+  if string.byte(v, 1) == 1 then tier = string.sub(v, 10) end
+  local k = string.sub(field, 1, (cut or (#field + 1)) - 1) .. '\0' .. tier
+  if redis.call('HINCRBY', c, k, by) <= 0 then redis.call('HDEL', c, k) end
+end
+local out = {}
+local a = 3
+for s = 1, #KEYS, 3 do
+  local e, i, c = KEYS[s], KEYS[s + 1], KEYS[s + 2]
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, n do
+    local f, v = ARGV[a], ARGV[a + 1]
+    a = a + 2
+    local old = redis.call('HGET', e, f)
+    if old then count(c, f, old, -1) end
+    if v == '' then
+      redis.call('HDEL', e, f)
+      redis.call('ZREM', i, f)
+    else
+      redis.call('HSET', e, f, v)
+      redis.call('ZADD', i, 0, f)
+      count(c, f, v, 1)
+    end
+    out[#out + 1] = old and 1 or 0
+  end
+end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return out
+";
+
+/// The shard of a lookup key (FNV-1a: stable across builds and machines).
+pub(crate) fn shard_of(key: &str) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    usize::try_from(h % SHARDS as u64).unwrap_or(0)
+}
+
+/// One miss waiting for its batch.
+struct Read {
+    key: String,
+    reply: oneshot::Sender<Result<Option<Vec<u8>>, KeyError>>,
+}
+
+/// The entries in Redis.
+pub(crate) struct Sharded {
+    store: RedisStore,
+    prefix: String,
+    /// Where writes announce their keys.
+    pub(crate) channel: String,
+    /// Set once the layout holds every entry (old ones migrated).
+    marker: String,
+    reads: mpsc::Sender<Read>,
+    queued: Mutex<Option<mpsc::Receiver<Read>>>,
+}
+
+fn shared(e: impl std::fmt::Display) -> KeyError {
+    KeyError::Shared(e.to_string())
+}
+
+fn reply<T: ::redis::FromRedisValue>(v: Result<::redis::Value, StoreError>) -> Result<T, KeyError> {
+    ::redis::FromRedisValue::from_redis_value(v.map_err(shared)?).map_err(|e| shared(format!("Redis: {e}")))
+}
+
+impl Sharded {
+    pub(crate) fn new(store: RedisStore) -> Self {
+        let prefix = store.config().key_prefix.clone();
+        let (tx, rx) = mpsc::channel(READ_QUEUE);
+        Self {
+            channel: format!("{prefix}keys:changed"),
+            marker: format!("{prefix}keys:layout"),
+            prefix,
+            store,
+            reads: tx,
+            queued: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// A shard's entries, index and counts keys.
+    fn keys(&self, shard: usize) -> [String; 3] {
+        let p = &self.prefix;
+        [format!("{p}{{keys:{shard:02}}}:e"), format!("{p}{{keys:{shard:02}}}:i"), format!("{p}{{keys:{shard:02}}}:c")]
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.store.config().target, Target::Cluster(_))
+    }
+
+    /// The value under `key`, read in the next batch. Fails (the caller
+    /// applies the files' rules) when Redis does.
+    pub(crate) async fn read(&self, key: String) -> Result<Option<Vec<u8>>, KeyError> {
+        let (tx, rx) = oneshot::channel();
+        self.reads.send(Read { key, reply: tx }).await.map_err(|_| shared("the reader stopped"))?;
+        rx.await.map_err(|_| shared("the reader stopped"))?
+    }
+
+    /// Serve [`Sharded::read`]: take what waits, up to [`READ_BATCH`], and
+    /// read it with one `HMGET` per shard, sent together. Runs until the
+    /// store is dropped; once only.
+    pub(crate) async fn run_reads(self: Arc<Self>) {
+        let Some(mut rx) = self.queued.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
+        let slots = Arc::new(Semaphore::new(READS_IN_FLIGHT));
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < READ_BATCH {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.read_batch(batch).await;
+                drop(slot);
+            });
+        }
+    }
+
+    async fn read_batch(&self, batch: Vec<Read>) {
+        let mut by_shard: HashMap<usize, Vec<Read>> = HashMap::new();
+        for r in batch {
+            by_shard.entry(shard_of(&r.key)).or_default().push(r);
+        }
+        let calls = by_shard.into_iter().map(|(shard, reads)| async move {
+            let mut cmd = ::redis::cmd("HMGET");
+            cmd.arg(&self.keys(shard)[0]);
+            for r in &reads {
+                cmd.arg(r.key.as_str());
+            }
+            match reply::<Vec<Option<Vec<u8>>>>(self.store.raw(&cmd).await) {
+                Ok(values) if values.len() == reads.len() => {
+                    for (r, v) in reads.into_iter().zip(values) {
+                        let _ = r.reply.send(Ok(v));
+                    }
+                }
+                Ok(_) => {
+                    for r in reads {
+                        let _ = r.reply.send(Err(shared("Redis answered HMGET with the wrong count")));
+                    }
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    for r in reads {
+                        let _ = r.reply.send(Err(KeyError::Shared(why.clone())));
+                    }
+                }
+            }
+        });
+        floodgate_redis::join_all(calls.collect()).await;
+    }
+
+    /// The value under `key`, read now (the admin API's exact lookup).
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
+        let mut cmd = ::redis::cmd("HGET");
+        cmd.arg(&self.keys(shard_of(key))[0]).arg(key);
+        reply(self.store.raw(&cmd).await)
+    }
+
+    /// Apply `writes` ([`WRITE`]): in one call on one server, one per
+    /// shard on a cluster. Whether each key held a value before, in order.
+    pub(crate) async fn apply(&self, writes: &[Write]) -> Result<Vec<bool>, KeyError> {
+        let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, w) in writes.iter().enumerate() {
+            by_shard.entry(shard_of(&w.key)).or_default().push(i);
+        }
+        let groups: Vec<Vec<(usize, Vec<usize>)>> = if self.is_cluster() {
+            by_shard.into_iter().map(|g| vec![g]).collect()
+        } else {
+            vec![by_shard.into_iter().collect()]
+        };
+        let calls = groups.into_iter().map(|group| async move {
+            let keys: Vec<&str> =
+                group.iter().flat_map(|(_, idx)| idx.iter().map(|&i| writes[i].key.as_str())).collect();
+            let message = serde_json::to_string(&keys).map_err(shared)?;
+            let mut cmd = ::redis::cmd("EVAL");
+            cmd.arg(WRITE).arg(group.len() * 3);
+            for (shard, _) in &group {
+                for k in self.keys(*shard) {
+                    cmd.arg(k);
+                }
+            }
+            cmd.arg(&self.channel).arg(message);
+            for (_, idx) in &group {
+                cmd.arg(idx.len());
+                for &i in idx {
+                    cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
+                }
+            }
+            let existed: Vec<i64> = reply(self.store.raw(&cmd).await)?;
+            let order: Vec<usize> = group.into_iter().flat_map(|(_, idx)| idx).collect();
+            if existed.len() != order.len() {
+                return Err(shared("Redis answered the write with the wrong count"));
+            }
+            Ok(order.into_iter().zip(existed.into_iter().map(|e| e == 1)).collect::<Vec<_>>())
+        });
+        let mut before = vec![false; writes.len()];
+        for part in floodgate_redis::join_all(calls.collect()).await {
+            for (i, existed) in part? {
+                before[i] = existed;
+            }
+        }
+        Ok(before)
+    }
+
+    /// Entries per `(domain, tier)`, every shard's counts summed.
+    pub(crate) async fn counts(&self) -> Result<Vec<(String, String, u64)>, KeyError> {
+        let calls = (0..SHARDS).map(|s| async move {
+            let mut cmd = ::redis::cmd("HGETALL");
+            cmd.arg(&self.keys(s)[2]);
+            reply::<Vec<(String, u64)>>(self.store.raw(&cmd).await)
+        });
+        let mut sum: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for rows in floodgate_redis::join_all(calls.collect()).await {
+            for (k, n) in rows? {
+                let (d, t) = k.split_once('\u{0}').unwrap_or((k.as_str(), ""));
+                *sum.entry((d.to_owned(), t.to_owned())).or_default() += n;
+            }
+        }
+        Ok(sum.into_iter().filter(|(_, n)| *n > 0).map(|((d, t), n)| (d, t, n)).collect())
+    }
+
+    /// Up to `limit` entries from `start` (inclusive or not) whose key
+    /// starts with `within`, in key order, and whether more follow. Each
+    /// shard gives its next few keys; the page ends at the smallest last key
+    /// of a shard that may hold more, so no key is skipped (a page may hold
+    /// fewer than `limit` while more follow).
+    pub(crate) async fn page(
+        &self,
+        start: &str,
+        inclusive: bool,
+        within: &str,
+        limit: usize,
+    ) -> Result<Rows, KeyError> {
+        let each = (2 * limit).div_ceil(SHARDS).max(16);
+        let min = [if inclusive { b"[" } else { b"(" }.as_slice(), start.as_bytes()].concat();
+        let max = if within.is_empty() { b"+".to_vec() } else { [b"[", within.as_bytes(), &[0xff]].concat() };
+        let calls = (0..SHARDS).map(|s| {
+            let (min, max) = (&min, &max);
+            async move {
+                let mut cmd = ::redis::cmd("ZRANGEBYLEX");
+                cmd.arg(&self.keys(s)[1]).arg(min.as_slice()).arg(max.as_slice()).arg("LIMIT").arg(0).arg(each);
+                reply::<Vec<String>>(self.store.raw(&cmd).await)
+            }
+        });
+        let mut keys = Vec::new();
+        let mut bound: Option<String> = None;
+        for shard in floodgate_redis::join_all(calls.collect()).await {
+            let shard = shard?;
+            if shard.len() == each
+                && let Some(last) = shard.last()
+                && bound.as_ref().is_none_or(|b| last < b)
+            {
+                bound = Some(last.clone());
+            }
+            keys.extend(shard);
+        }
+        keys.sort_unstable();
+        let candidates = keys.len();
+        if let Some(b) = &bound {
+            keys.retain(|k| k <= b);
+        }
+        keys.truncate(limit);
+        let more = bound.is_some() || keys.len() < candidates;
+        let mut values = Vec::with_capacity(keys.len());
+        let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_shard.entry(shard_of(k)).or_default().push(i);
+        }
+        let calls = by_shard.into_iter().map(|(shard, idx)| {
+            let keys = &keys;
+            async move {
+                let mut cmd = ::redis::cmd("HMGET");
+                cmd.arg(&self.keys(shard)[0]);
+                for &i in &idx {
+                    cmd.arg(keys[i].as_str());
+                }
+                let got: Vec<Option<Vec<u8>>> = reply(self.store.raw(&cmd).await)?;
+                Ok::<_, KeyError>(idx.into_iter().zip(got).collect::<Vec<_>>())
+            }
+        });
+        let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for part in floodgate_redis::join_all(calls.collect()).await {
+            for (i, v) in part? {
+                found[i] = v;
+            }
+        }
+        for (k, v) in keys.into_iter().zip(found) {
+            // Deleted between the two reads: not listed.
+            if let Some(v) = v {
+                values.push((k, v));
+            }
+        }
+        Ok((values, more))
+    }
+
+    /// Whether the layout was set up (old entries migrated into it).
+    pub(crate) async fn is_set_up(&self) -> Result<bool, KeyError> {
+        let mut cmd = ::redis::cmd("EXISTS");
+        cmd.arg(&self.marker);
+        Ok(reply::<i64>(self.store.raw(&cmd).await)? == 1)
+    }
+
+    /// Note that the layout holds every entry.
+    pub(crate) async fn mark_set_up(&self) -> Result<(), KeyError> {
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(&self.marker).arg("1");
+        reply::<()>(self.store.raw(&cmd).await)
+    }
+
+    /// The store, for the subscription.
+    pub(crate) fn store(&self) -> &RedisStore {
+        &self.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_spread_keys_and_stay_put() {
+        let mut seen = [0usize; SHARDS];
+        for i in 0..64_000 {
+            seen[shard_of(&format!("api\u{0}user\u{1}{i}"))] += 1;
+        }
+        assert!(seen.iter().all(|&n| (700..1300).contains(&n)), "{seen:?}");
+        // Fixed forever: instances of different builds share one layout.
+        assert_eq!(shard_of("api\u{0}user\u{1}alice"), shard_of("api\u{0}user\u{1}alice"));
+        assert_eq!(shard_of(""), 0xcbf2_9ce4_8422_2325_u64 as usize % SHARDS);
+    }
+}

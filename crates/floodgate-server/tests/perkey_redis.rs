@@ -1,0 +1,303 @@
+//! Per-key entries kept in Redis (and a Redis Cluster), sharded by key:
+//! every instance sees every entry, one change reaches every instance's
+//! cache within a second through Pub/Sub, a lost subscription drops the
+//! cache, misses are read in batches (one read per key however many wait),
+//! listings page in key order across the shards, and a dead Redis leaves
+//! the cached answers serving and the misses on the files' rules.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_core::rules::RuleSet;
+use floodgate_redis::testing::{RedisCluster, RedisServer};
+use floodgate_redis::{RedisConfig, RedisStore};
+use floodgate_server::rules::perkey::{CacheOptions, Entry, KeySpec, Limits, PerKey, SHARDS};
+use std::sync::atomic::Ordering::Relaxed;
+
+#[path = "../../floodgate/tests/common/mod.rs"]
+mod common;
+
+use common::TempDir;
+
+/// Domain `api` with tiers `free` and `pro`.
+const TIERED: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\ntiers:\n  free: {unit: minute, requests_per_unit: 60}\n  pro: {unit: second, requests_per_unit: 50}\n";
+
+fn rules() -> RuleSet {
+    RuleSet::from_yaml("api.yaml", TIERED).expect("the test's rules")
+}
+
+fn tiered(user: &str, tier: &str) -> KeySpec {
+    KeySpec {
+        domain: "api".into(),
+        descriptor: vec![Entry { key: "user".into(), value: user.into() }],
+        tier: Some(tier.into()),
+        limits: None,
+        name: None,
+    }
+}
+
+fn store(url: &str) -> RedisStore {
+    let mut config = RedisConfig::new(url.parse().expect("a Redis URL"));
+    config.timeout = Duration::from_millis(300);
+    RedisStore::new(config).expect("a store")
+}
+
+/// An instance: its own database file (unused once shared), the entries
+/// in Redis, a long time to live (so only a change notice can explain a
+/// fresh answer).
+fn instance(dir: &TempDir, name: &str, url: &str) -> Arc<PerKey> {
+    let cache = CacheOptions { entries: 10_000, ttl: Duration::from_secs(600) };
+    let k = Arc::new(PerKey::open_with(dir.0.join(format!("{name}.redb")), cache).expect("a store"));
+    tokio::spawn(k.share(store(url)));
+    k
+}
+
+fn tier(l: Option<Limits>) -> Option<String> {
+    match l? {
+        Limits::Tier(t) => Some(t.to_string()),
+        Limits::Own(_) => Some("own".into()),
+    }
+}
+
+async fn lookup(k: &PerKey, user: &str) -> Option<String> {
+    tier(k.lookup("api", &[("user", user)]).await)
+}
+
+/// Wait up to `within` for `f` to hold; how long it took.
+async fn until(within: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    start.elapsed()
+}
+
+/// Wait until `k` follows the change notices.
+async fn ready(k: &PerKey) {
+    until(Duration::from_secs(10), "subscribed", async || k.stats().subscribed.load(Relaxed) > 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instance_sees_every_entry_and_each_change_within_a_second() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-redis");
+    let (a, b) = (instance(&dir, "a", &redis.url()), instance(&dir, "b", &redis.url()));
+    ready(&a).await;
+    ready(&b).await;
+    let set = rules();
+    a.put(tiered("alice", "free"), &set, 1).await.unwrap();
+    assert_eq!(lookup(&b, "alice").await.as_deref(), Some("free"), "B reads A's entry from Redis");
+    assert_eq!(lookup(&b, "bob").await, None, "no entry: cached as none");
+    let misses = b.stats().misses.load(Relaxed);
+    assert_eq!(lookup(&b, "alice").await.as_deref(), Some("free"));
+    assert_eq!(b.stats().misses.load(Relaxed), misses, "the second lookup is a cache hit");
+
+    // A change on A reaches B's cache (its time to live is 10 minutes).
+    a.put(tiered("alice", "pro"), &set, 1).await.unwrap();
+    let took = until(Duration::from_secs(1), "B sees alice's new tier", async || {
+        lookup(&b, "alice").await.as_deref() == Some("pro")
+    })
+    .await;
+    eprintln!("a change reached the other instance in {took:?}");
+    // A new entry for a key B cached as none, and a deletion.
+    b.put(tiered("bob", "pro"), &set, 1).await.unwrap();
+    until(Duration::from_secs(1), "A sees bob", async || lookup(&a, "bob").await.is_some()).await;
+    assert!(b.remove("api", &[("user", "alice")]).await.unwrap());
+    assert!(!b.remove("api", &[("user", "alice")]).await.unwrap(), "already gone");
+    until(Duration::from_secs(1), "A sees alice deleted", async || lookup(&a, "alice").await.is_none()).await;
+
+    // Counts per (domain, tier) are Redis's, on both.
+    until(Duration::from_secs(6), "B's counts", async || b.counts() == [("api".into(), "pro".into(), 1)]).await;
+    assert_eq!(a.counts(), [("api".to_owned(), "pro".to_owned(), 1)]);
+    assert_eq!(redis.cli(&["HGET", "fg:{keys:00}:c", "x"]).trim(), "", "counts live in the shards' hashes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_for_one_key_cost_one_read_and_misses_are_batched() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-batch");
+    let a = instance(&dir, "a", &redis.url());
+    ready(&a).await;
+    let set = rules();
+    let specs: Vec<KeySpec> = (0..500).map(|i| tiered(&format!("u{i}"), "free")).collect();
+    let built = PerKey::validate(specs, &set, |_| None).unwrap();
+    a.put_all(&built).await.unwrap();
+    let b = instance(&dir, "b", &redis.url());
+    ready(&b).await;
+    let before = redis_calls(&redis);
+    let same: Vec<_> = (0..64)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { lookup(&b, "u7").await })
+        })
+        .collect();
+    for j in same {
+        assert_eq!(j.await.unwrap().as_deref(), Some("free"));
+    }
+    assert_eq!(b.stats().misses.load(Relaxed), 1, "64 concurrent lookups of one key: one read");
+    // 499 other keys at once: batched, far fewer calls than keys.
+    let many: Vec<_> = (0..500)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move { lookup(&b, &format!("u{i}")).await })
+        })
+        .collect();
+    for j in many {
+        assert_eq!(j.await.unwrap().as_deref(), Some("free"));
+    }
+    let calls = redis_calls(&redis) - before;
+    eprintln!("500 distinct misses read with {calls} HMGET calls");
+    assert!(calls < 250, "{calls} HMGET calls for 500 misses: not batched");
+}
+
+/// `HMGET` calls Redis served so far.
+fn redis_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hmget:calls="))
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answers() {
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new("pk-lost");
+    let a = instance(&dir, "a", &redis.url());
+    ready(&a).await;
+    a.put(tiered("alice", "free"), &rules(), 1).await.unwrap();
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
+    // A change whose notice A never gets (written behind its back): A's
+    // cache keeps the old answer...
+    let key = "api\u{0}user\u{1}alice";
+    let mut conn = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut shard = None;
+    for s in 0..SHARDS {
+        let held: bool =
+            redis::cmd("HEXISTS").arg(format!("fg:{{keys:{s:02}}}:e")).arg(key).query_async(&mut conn).await.unwrap();
+        if held {
+            shard = Some(s);
+        }
+    }
+    let mut pro = vec![1u8];
+    pro.extend_from_slice(&0u64.to_le_bytes());
+    pro.extend_from_slice(b"pro");
+    let () = redis::cmd("HSET")
+        .arg(format!("fg:{{keys:{:02}}}:e", shard.expect("alice's shard")))
+        .arg(key)
+        .arg(pro)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"), "no notice: the cached answer stays");
+    // ...until its subscription is lost and made again: the cache is dropped.
+    let subscribed = a.stats().subscribed.load(Relaxed);
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    until(Duration::from_secs(5), "resubscribed", async || a.stats().subscribed.load(Relaxed) > subscribed).await;
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("pro"), "after resubscribing, the cache was dropped");
+
+    // Redis dies: the cached answer serves, a miss gets the files' rules
+    // (none) within the timeout, counted, and is not cached.
+    redis.kill();
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("pro"), "cached answers serve while Redis is down");
+    let started = Instant::now();
+    assert_eq!(lookup(&a, "zed").await, None);
+    assert!(started.elapsed() < Duration::from_secs(2), "a miss waits at most the Redis timeout");
+    assert!(a.stats().read_errors.load(Relaxed) >= 1);
+    let err = a.put(tiered("zed", "free"), &rules(), 1).await.unwrap_err().to_string();
+    assert!(err.contains("kept in Redis, which failed"), "{err}");
+    // Redis is back (empty): A resubscribes, drops its cache, and reads
+    // what Redis now holds.
+    redis.restart();
+    until(Duration::from_secs(10), "A follows Redis again", async || lookup(&a, "alice").await.is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_page_in_key_order_across_the_shards() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-list");
+    let a = instance(&dir, "a", &redis.url());
+    ready(&a).await;
+    let set = rules();
+    let mut specs: Vec<KeySpec> =
+        (0..2_500).map(|i| tiered(&format!("u{i:05}"), if i % 3 == 0 { "pro" } else { "free" })).collect();
+    specs.push(KeySpec { domain: "api".into(), ..tiered("x", "free") });
+    let built = PerKey::validate(specs, &set, |_| None).unwrap();
+    assert_eq!(a.put_all(&built).await.unwrap(), 2_501);
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = a.list(Some("api"), "user=u", false, cursor.as_deref(), 100).await.unwrap();
+        assert!(page.entries.len() <= 100);
+        seen.extend(page.entries.iter().map(|(s, _)| s.descriptor[0].value.clone()));
+        pages += 1;
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..2_500).map(|i| format!("u{i:05}")).collect();
+    assert_eq!(seen, want, "every entry once, in order, over {pages} pages");
+    let one = a.list(Some("api"), "user=u00042", true, None, 10).await.unwrap();
+    assert_eq!(one.entries.len(), 1);
+    assert_eq!(one.entries[0].0.tier.as_deref(), Some("pro"));
+    until(Duration::from_secs(6), "counts", async || {
+        a.counts() == [("api".into(), "free".into(), 1_667), ("api".into(), "pro".into(), 834)]
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_overrides_of_older_builds_move_into_the_sharded_layout() {
+    let redis = RedisServer::start();
+    // As builds before tiers wrote them: a hash and a version in one slot.
+    let old = r#"{"spec":{"domain":"api","descriptor":[{"key":"user","value":"old"}],"limits":{"unit":"second","requests_per_unit":3}},"updated_at":5}"#;
+    redis.cli(&["HSET", "fg:{overrides}", "api|user=old", old]);
+    redis.cli(&["SET", "fg:{overrides}:version", "1"]);
+    let dir = TempDir::new("pk-migrate");
+    let a = instance(&dir, "a", &redis.url());
+    until(Duration::from_secs(10), "the old override moved", async || {
+        lookup(&a, "old").await.as_deref() == Some("own")
+    })
+    .await;
+    assert_eq!(redis.cli(&["GET", "fg:keys:layout"]).trim(), "1");
+    let page = a.list(None, "", false, None, 10).await.unwrap();
+    assert_eq!(page.entries.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_holds_the_entries_sharded_and_notices_reach_every_instance() {
+    let cluster = RedisCluster::start();
+    let dir = TempDir::new("pk-cluster");
+    let (a, b) = (instance(&dir, "a", &cluster.url()), instance(&dir, "b", &cluster.url()));
+    ready(&a).await;
+    ready(&b).await;
+    let set = rules();
+    let specs: Vec<KeySpec> = (0..300).map(|i| tiered(&format!("c{i:03}"), "free")).collect();
+    let built = PerKey::validate(specs, &set, |_| None).unwrap();
+    a.put_all(&built).await.unwrap();
+    assert_eq!(lookup(&b, "c123").await.as_deref(), Some("free"));
+    a.put(tiered("c123", "pro"), &set, 1).await.unwrap();
+    until(Duration::from_secs(1), "B sees the change", async || lookup(&b, "c123").await.as_deref() == Some("pro"))
+        .await;
+    let mut n = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = b.list(Some("api"), "", false, cursor.as_deref(), 50).await.unwrap();
+        n += page.entries.len();
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(n, 300);
+    // The entries spread over the primaries (sharded by key).
+    let holding =
+        cluster.nodes.iter().filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0).count();
+    assert!(holding >= 3, "entries on {holding} nodes");
+}
