@@ -339,8 +339,12 @@ fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<(
         }
         if let Some(Some(l)) = keyed.get(d) {
             if let Some(limits) = l.rules_in(rules, domain) {
-                let base = counter_key(domain, &desc.entries);
-                out.extend(limits.iter().enumerate().map(|(i, rule)| (d, l.counter_key(&base, i), rule)));
+                let mut base = counter_key(domain, &desc.entries);
+                for (i, rule) in limits.iter().enumerate() {
+                    // The last limit's key is written onto the base itself.
+                    let b = if i + 1 == limits.len() { std::mem::take(&mut base) } else { base.clone() };
+                    out.push((d, l.suffixed(b, i), rule));
+                }
                 continue;
             }
             if let Some(k) = keys {

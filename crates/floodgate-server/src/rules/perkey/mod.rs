@@ -147,10 +147,18 @@ impl Limits {
     /// its own counters and leaves the files' intact), and from other
     /// tiers' (moving a key to another tier starts it afresh).
     pub fn counter_key(&self, base: &str, i: usize) -> String {
-        match self {
-            Self::Tier(t) => format!("{base}@tier:{t}#{i}"),
-            Self::Own(_) => format!("{base}@override#{i}"),
-        }
+        self.suffixed(base.to_owned(), i)
+    }
+
+    /// [`Limits::counter_key`], written onto `base` (no new allocation
+    /// when it has room).
+    pub fn suffixed(&self, mut base: String, i: usize) -> String {
+        use std::fmt::Write as _;
+        let _ = match self {
+            Self::Tier(t) => write!(base, "@tier:{t}#{i}"),
+            Self::Own(_) => write!(base, "@override#{i}"),
+        };
+        base
     }
 }
 
@@ -360,9 +368,14 @@ impl PerKey {
         u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Whether a descriptor of `domain` may have an entry.
+    fn may_have(&self, domain: &str) -> bool {
+        self.all_domains.load(Relaxed) || self.domains.load().contains(domain)
+    }
+
     /// The lookup key of a descriptor, when its domain may have entries.
     fn key_of(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<String> {
-        if !self.all_domains.load(Relaxed) && !self.domains.load().contains(domain) {
+        if !self.may_have(domain) {
             return None;
         }
         lookup_key(domain, entries)
@@ -406,14 +419,24 @@ impl PerKey {
         domain: &str,
         entries: &[(impl AsRef<str>, impl AsRef<str>)],
     ) -> Result<Option<Limits>, ()> {
-        let Some(key) = self.key_of(domain, entries) else { return Ok(None) };
-        if self.sharded.get().is_none() {
-            return Ok(self.lookup_disk(&key));
+        if !self.may_have(domain) {
+            return Ok(None);
         }
-        match self.cache.get(&key) {
-            Some(c) if self.fresh(&c) => Ok(self.hit(c)),
-            _ => Err(()),
-        }
+        // The key is written into this thread's buffer: a hit allocates
+        // nothing (a miss's cache slot takes its own copy).
+        thread_local!(static KEY: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128)));
+        KEY.with_borrow_mut(|key| {
+            if !value::lookup_key_into(key, domain, entries) {
+                return Ok(None);
+            }
+            if self.sharded.get().is_none() {
+                return Ok(self.lookup_disk(key));
+            }
+            match self.cache.get(key.as_str()) {
+                Some(c) if self.fresh(&c) => Ok(self.hit(c)),
+                _ => Err(()),
+            }
+        })
     }
 
     /// [`PerKey::lookup_now`], a Redis miss answered `None` (for tests and

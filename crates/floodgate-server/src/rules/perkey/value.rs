@@ -154,22 +154,25 @@ pub(crate) const KV_SEP: char = '\u{1}';
 /// ([`check_text`] refuses them in entries).
 pub fn lookup_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> Option<String> {
     let mut key = String::with_capacity(domain.len() + entries.len() * 16);
-    push_part(&mut key, domain)?;
-    for (k, v) in entries {
-        key.push(ENTRY_SEP);
-        push_part(&mut key, k.as_ref())?;
-        key.push(KV_SEP);
-        push_part(&mut key, v.as_ref())?;
-    }
-    Some(key)
+    lookup_key_into(&mut key, domain, entries).then_some(key)
 }
 
-fn push_part(key: &mut String, part: &str) -> Option<()> {
-    if part.contains([ENTRY_SEP, KV_SEP]) {
-        return None;
+/// [`lookup_key`] into `key` (cleared first); `false` when a part holds a
+/// separator.
+pub(crate) fn lookup_key_into<K: AsRef<str>, V: AsRef<str>>(key: &mut String, domain: &str, entries: &[(K, V)]) -> bool {
+    key.clear();
+    let clean = |part: &str| !part.contains([ENTRY_SEP, KV_SEP]);
+    if !clean(domain) || !entries.iter().all(|(k, v)| clean(k.as_ref()) && clean(v.as_ref())) {
+        return false;
     }
-    key.push_str(part);
-    Some(())
+    key.push_str(domain);
+    for (k, v) in entries {
+        key.push(ENTRY_SEP);
+        key.push_str(k.as_ref());
+        key.push(KV_SEP);
+        key.push_str(v.as_ref());
+    }
+    true
 }
 
 /// Whether an entry's domain, key or value may be stored.
