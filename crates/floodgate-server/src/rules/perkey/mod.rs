@@ -143,21 +143,23 @@ impl Limits {
     }
 
     /// The counter key of its `i`th limit, for the descriptor whose own
-    /// counter key is `base`: distinct from any file rule's (an entry starts
-    /// its own counters and leaves the files' intact), and from other
-    /// tiers' (moving a key to another tier starts it afresh).
+    /// counter key is `base`: the descriptor's counters, numbered as a
+    /// file rule's (`base`, `base#1`, …). A limit that differs from the
+    /// one that counted there before starts afresh (both stores keep state
+    /// by the limit's fingerprint), so moving a key to another tier, or
+    /// giving it its own limits, starts its counters anew, and a tier whose
+    /// limits did not change keeps them. The key is no longer than the
+    /// files' own: the in-memory store keeps keys of up to 22 bytes inline.
     pub fn counter_key(&self, base: &str, i: usize) -> String {
         self.suffixed(base.to_owned(), i)
     }
 
-    /// [`Limits::counter_key`], written onto `base` (no new allocation
-    /// when it has room).
+    /// [`Limits::counter_key`], written onto `base`.
     pub fn suffixed(&self, mut base: String, i: usize) -> String {
-        use std::fmt::Write as _;
-        let _ = match self {
-            Self::Tier(t) => write!(base, "@tier:{t}#{i}"),
-            Self::Own(_) => write!(base, "@override#{i}"),
-        };
+        if i > 0 {
+            use std::fmt::Write as _;
+            let _ = write!(base, "#{i}");
+        }
         base
     }
 }
