@@ -68,7 +68,11 @@ fn set_get_list_delete_and_survive_a_restart() {
     // An override's counters are its own.
     let bob = o.get("api", &[("user", "bob")]).unwrap();
     assert_ne!(bob.counter_key("k", 0), bob.counter_key("k", 1));
-    assert_eq!((bob.counter_key("k", 0), bob.counter_key("k", 1)), ("k".into(), "k#1".into()), "numbered as a file rule's");
+    assert_eq!(
+        (bob.counter_key("k", 0), bob.counter_key("k", 1)),
+        ("k".into(), "k#1".into()),
+        "numbered as a file rule's"
+    );
 }
 
 #[test]
@@ -403,7 +407,7 @@ fn cached_answers_expire_after_their_time_to_live() {
     use floodgate_server::rules::perkey::CacheOptions;
 
     let dir = TempDir::new("ttl");
-    let cache = CacheOptions { entries: 10, ttl: std::time::Duration::from_millis(50) };
+    let cache = CacheOptions { entries: 10, ttl: Some(std::time::Duration::from_millis(50)) };
     let o = PerKey::open_with(dir.0.join("o.redb"), cache).unwrap();
     o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
     assert!(o.get("api", &[("user", "alice")]).is_some());

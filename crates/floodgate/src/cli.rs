@@ -169,9 +169,11 @@ pub(crate) struct CommonArgs {
     /// 200 bytes each), evicted by S3-FIFO.
     #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
     pub(crate) key_cache: usize,
-    /// How long a cached per-key answer is used before it is read again.
-    #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL", default_value = "60s")]
-    pub(crate) key_cache_ttl: String,
+    /// How long a cached per-key answer is used before it is read again
+    /// (default: 60s with a Redis store; none on disk, where every write
+    /// goes through this process).
+    #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL")]
+    pub(crate) key_cache_ttl: Option<String>,
     /// Where instances keep their own files (default: $XDG_STATE_HOME/floodgate,
     /// else ~/.local/state/floodgate).
     #[arg(long, env = "FLOODGATE_STATE_DIR")]

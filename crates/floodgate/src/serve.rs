@@ -118,7 +118,8 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.key_cache == 0 {
         return Err(Failure::usage("--key-cache: give at least 1"));
     }
-    let key_cache = CacheOptions { entries: args.key_cache, ttl: duration("key-cache-ttl", &args.key_cache_ttl)? };
+    let ttl = args.key_cache_ttl.as_deref().map(|t| duration("key-cache-ttl", t)).transpose()?;
+    let key_cache = CacheOptions { entries: args.key_cache, ttl };
     let admin_addr = addr("admin-addr", &args.admin_addr)?;
     let overrides = match args.overrides_file.as_deref() {
         Some("none" | "") => OverridesFile::Off,

@@ -333,6 +333,13 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
     );
     gauge(
         out,
+        "floodgate_key_read_batches_total",
+        "counter",
+        "Batches of per-key misses read from Redis (one HMGET per shard each).",
+        k.read_batches(),
+    );
+    gauge(
+        out,
         "floodgate_key_subscriptions_total",
         "counter",
         "Times the per-key change notices from Redis were subscribed to, each dropping the cache.",

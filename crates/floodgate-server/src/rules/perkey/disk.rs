@@ -190,13 +190,7 @@ impl Disk {
 
     /// Up to `limit` entries from `start` (inclusive) while their key starts
     /// with `within`, and whether more follow.
-    pub(crate) fn page(
-        &self,
-        start: &str,
-        inclusive: bool,
-        within: &str,
-        limit: usize,
-    ) -> Result<Rows, KeyError> {
+    pub(crate) fn page(&self, start: &str, inclusive: bool, within: &str, limit: usize) -> Result<Rows, KeyError> {
         let read = self.db.begin_read().map_err(storage)?;
         let table = read.open_table(KEYS).map_err(storage)?;
         let range = if inclusive {

@@ -11,8 +11,10 @@
 //!   the entry's limits only: a tier's name (one shared copy per tier) or
 //!   its own parsed limits, about [`BYTES_PER_ANSWER`] bytes with its key.
 //!   Concurrent misses for one key wait for the first one's read: one read
-//!   per key. A cached answer older than the time to live
-//!   (`--key-cache-ttl`, default 60 s) is read again.
+//!   per key. With Redis, a cached answer older than the time to live
+//!   (`--key-cache-ttl`, default 60 s, less up to a fifth at random) is
+//!   read again; on disk answers expire only when the flag is given (every
+//!   write goes through this process, which drops its key).
 //! * **Misses.** On disk, a miss reads the database on the deciding thread
 //!   (a B-tree descent through one long-lived read transaction; redb
 //!   readers take no lock writers or other readers hold). With Redis, a
@@ -222,22 +224,26 @@ pub enum KeyError {
 pub struct CacheOptions {
     /// Most cached answers (entries and "no entry" alike).
     pub entries: usize,
-    /// How long a cached answer is used before it is read again.
-    pub ttl: Duration,
+    /// How long a cached answer is used before it is read again; `None`:
+    /// [`DEFAULT_CACHE_TTL`] with entries in Redis, and no expiry on disk
+    /// (every write goes through this process, which drops its key: no
+    /// answer can go stale, and expiring hot answers would only read them
+    /// again).
+    pub ttl: Option<Duration>,
 }
 
 impl Default for CacheOptions {
     fn default() -> Self {
-        Self { entries: DEFAULT_CACHE_ENTRIES, ttl: DEFAULT_CACHE_TTL }
+        Self { entries: DEFAULT_CACHE_ENTRIES, ttl: None }
     }
 }
 
-/// A cached answer: the entry's limits, or none, and when it was read
+/// A cached answer: the entry's limits, or none, and when it expires
 /// (milliseconds after the store opened).
 #[derive(Clone)]
 struct Cached {
     limits: Option<Limits>,
-    read_ms: u64,
+    expires_ms: u64,
 }
 
 /// A page of a listing.
@@ -288,12 +294,18 @@ pub struct PerKey {
     /// Set when entries are kept in Redis: every read and write goes there.
     sharded: OnceLock<Arc<Sharded>>,
     cache: Cache<String, Cached>,
-    ttl_ms: u64,
+    /// The time to live given, if any.
+    ttl: Option<Duration>,
+    /// The time to live in use (`u64::MAX`: none).
+    ttl_ms: AtomicU64,
     opened: Instant,
     /// Domains with at least one entry (most requests skip the cache).
     domains: ArcSwap<HashSet<Box<str>>>,
     /// Look up every domain: set until Redis's counts are first read.
     all_domains: AtomicBool,
+    /// Domains added by writes and change notices so far (a refresh of the
+    /// counts keeps those added while it read).
+    noticed: AtomicU64,
     /// `(domain, tier)` → entries (tier empty for own limits).
     counts: Mutex<HashMap<(String, String), u64>>,
     /// One copy of each tier name for the cached answers.
@@ -327,10 +339,12 @@ impl PerKey {
             disk,
             sharded: OnceLock::new(),
             cache: Cache::new(cache.entries.max(1)),
-            ttl_ms: u64::try_from(cache.ttl.as_millis()).unwrap_or(u64::MAX),
+            ttl: cache.ttl,
+            ttl_ms: AtomicU64::new(cache.ttl.map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))),
             opened: Instant::now(),
             domains: ArcSwap::default(),
             all_domains: AtomicBool::new(false),
+            noticed: AtomicU64::new(0),
             counts: Mutex::default(),
             tiers: Mutex::default(),
             write: Mutex::new(()),
@@ -349,19 +363,37 @@ impl PerKey {
 
     /// Take the per-tier counts (and the domains with entries) as read.
     fn set_counts(&self, rows: Vec<(String, String, u64)>) {
-        let domains = rows.iter().filter(|r| r.2 > 0).map(|r| Box::from(r.0.as_str())).collect();
-        let counts = rows.into_iter().map(|(d, t, n)| ((d, t), n)).collect();
-        *self.counts.lock().unwrap_or_else(PoisonError::into_inner) = counts;
+        let domains = self.take_counts(rows);
         self.domains.store(Arc::new(domains));
     }
 
-    /// Read the per-tier counts from the store again.
+    /// Take the per-tier counts as read; the domains they give entries.
+    fn take_counts(&self, rows: Vec<(String, String, u64)>) -> HashSet<Box<str>> {
+        let domains = rows.iter().filter(|r| r.2 > 0).map(|r| Box::from(r.0.as_str())).collect();
+        let counts = rows.into_iter().map(|(d, t, n)| ((d, t), n)).collect();
+        *self.counts.lock().unwrap_or_else(PoisonError::into_inner) = counts;
+        domains
+    }
+
+    /// Read the per-tier counts from the store again. A domain that a
+    /// change notice added while Redis's counts were being read stays: the
+    /// counts may predate its first entry.
     async fn refresh_counts(&self) -> Result<(), KeyError> {
-        let rows = match self.sharded.get() {
-            Some(s) => s.counts().await?,
-            None => self.disk.counts()?,
+        let Some(sharded) = self.sharded.get() else {
+            self.set_counts(self.disk.counts()?);
+            return Ok(());
         };
-        self.set_counts(rows);
+        let noticed = self.noticed.load(Relaxed);
+        let rows = sharded.counts().await?;
+        let fresh = self.take_counts(rows);
+        // Retried when a notice swaps the set meanwhile, so none is lost.
+        self.domains.rcu(|now| {
+            let mut set = fresh.clone();
+            if self.noticed.load(Relaxed) != noticed {
+                set.extend(now.iter().cloned());
+            }
+            set
+        });
         self.all_domains.store(false, Relaxed);
         Ok(())
     }
@@ -397,7 +429,7 @@ impl PerKey {
                     self.cache.remove(&key);
                 }
                 Err(guard) => {
-                    let read_ms = self.now_ms();
+                    let expires_ms = self.expiry();
                     self.stats.misses.fetch_add(1, Relaxed);
                     let got = sharded.read(key.clone()).await.inspect_err(|e| {
                         self.stats.read_errors.fetch_add(1, Relaxed);
@@ -405,7 +437,7 @@ impl PerKey {
                     });
                     let limits = self.decoded(&key, got.ok()?.as_deref());
                     // Fails when a change removed the placeholder meanwhile.
-                    let _ = guard.insert(Cached { limits: limits.clone(), read_ms });
+                    let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
                     return limits;
                 }
             }
@@ -448,7 +480,21 @@ impl PerKey {
     }
 
     fn fresh(&self, c: &Cached) -> bool {
-        self.now_ms().saturating_sub(c.read_ms) < self.ttl_ms
+        c.expires_ms == u64::MAX || self.now_ms() < c.expires_ms
+    }
+
+    /// When an answer read now expires: after the time to live, less up to
+    /// a fifth of it at random, so answers read together (a cold start, a
+    /// dropped cache) do not all expire together and read again at once.
+    fn expiry(&self) -> u64 {
+        let ttl = self.ttl_ms.load(Relaxed);
+        if ttl == u64::MAX {
+            return u64::MAX;
+        }
+        let now = self.now_ms();
+        let spread = ttl / 5;
+        let jitter = if spread == 0 { 0 } else { random() % spread };
+        now.saturating_add(ttl - jitter)
     }
 
     fn hit(&self, c: Cached) -> Option<Limits> {
@@ -466,11 +512,11 @@ impl PerKey {
                     self.cache.remove(key);
                 }
                 GuardResult::Guard(g) => {
-                    let read_ms = self.now_ms();
+                    let expires_ms = self.expiry();
                     let limits = self.read_disk(key).ok()?;
                     // Fails when a write removed the placeholder meanwhile:
                     // the next lookup reads the new entry.
-                    let _ = g.insert(Cached { limits: limits.clone(), read_ms });
+                    let _ = g.insert(Cached { limits: limits.clone(), expires_ms });
                     return limits;
                 }
                 GuardResult::Timeout => break,
@@ -633,6 +679,7 @@ impl PerKey {
             }
         }
         if !new_domains.is_empty() {
+            self.noticed.fetch_add(1, Relaxed);
             self.domains.rcu(|old| {
                 let mut set = HashSet::clone(old);
                 set.extend(new_domains.iter().cloned());
@@ -790,6 +837,11 @@ impl PerKey {
         &self.stats
     }
 
+    /// Batches of misses read from Redis so far (0 on disk).
+    pub fn read_batches(&self) -> u64 {
+        self.sharded.get().map_or(0, |s| s.batches.load(Relaxed))
+    }
+
     /// The errors a new rule set has against the entries: a tier named by
     /// entries that the rules `in_use` define and `set` no longer does. For
     /// [`Rules::add_check`]: such a reload is refused. (A tier `in_use`
@@ -839,6 +891,9 @@ impl PerKey {
     pub fn share(self: &Arc<Self>, store: RedisStore) -> impl std::future::Future<Output = ()> + Send + 'static {
         let sharded = Arc::new(Sharded::new(store));
         let _ = self.sharded.set(sharded.clone());
+        if self.ttl.is_none() {
+            self.ttl_ms.store(u64::try_from(DEFAULT_CACHE_TTL.as_millis()).unwrap_or(u64::MAX), Relaxed);
+        }
         // Until Redis's counts are read, every domain is looked up.
         self.all_domains.store(true, Relaxed);
         let this = self.clone();
@@ -1001,6 +1056,22 @@ fn listing_bounds(
         None => return Err(KeyError::Invalid("prefix: give domain too".into())),
     };
     Ok((within, cursor.map(unhex).transpose()?))
+}
+
+/// A cheap random number (xorshift, per thread, seeded by the clock).
+fn random() -> u64 {
+    use std::cell::Cell;
+    thread_local!(static STATE: Cell<u64> = Cell::new(
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0x9e37_79b9, |d| d.as_nanos() as u64) | 1
+    ));
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
 }
 
 /// Seconds since the Unix epoch.

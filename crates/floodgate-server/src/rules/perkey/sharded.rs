@@ -23,6 +23,7 @@
 //! together; at most [`READS_IN_FLIGHT`] batches are out at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use floodgate_core::StoreError;
@@ -105,6 +106,8 @@ pub(crate) struct Sharded {
     marker: String,
     reads: mpsc::Sender<Read>,
     queued: Mutex<Option<mpsc::Receiver<Read>>>,
+    /// Read batches sent so far.
+    pub(crate) batches: AtomicU64,
 }
 
 fn shared(e: impl std::fmt::Display) -> KeyError {
@@ -126,6 +129,7 @@ impl Sharded {
             store,
             reads: tx,
             queued: Mutex::new(Some(rx)),
+            batches: AtomicU64::new(0),
         }
     }
 
@@ -162,6 +166,7 @@ impl Sharded {
                 }
             }
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            self.batches.fetch_add(1, Relaxed);
             let this = self.clone();
             tokio::spawn(async move {
                 this.read_batch(batch).await;

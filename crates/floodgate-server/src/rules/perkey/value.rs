@@ -159,7 +159,11 @@ pub fn lookup_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]
 
 /// [`lookup_key`] into `key` (cleared first); `false` when a part holds a
 /// separator.
-pub(crate) fn lookup_key_into<K: AsRef<str>, V: AsRef<str>>(key: &mut String, domain: &str, entries: &[(K, V)]) -> bool {
+pub(crate) fn lookup_key_into<K: AsRef<str>, V: AsRef<str>>(
+    key: &mut String,
+    domain: &str,
+    entries: &[(K, V)],
+) -> bool {
     key.clear();
     let clean = |part: &str| !part.contains([ENTRY_SEP, KV_SEP]);
     if !clean(domain) || !entries.iter().all(|(k, v)| clean(k.as_ref()) && clean(v.as_ref())) {
