@@ -130,6 +130,9 @@ struct Inner {
     config: RedisConfig,
     client: Client,
     conn: ConnSlot,
+    /// Long administrative calls (bulk writes, listings), kept off `conn`
+    /// so that they never queue ahead of shorter calls.
+    bulk: ConnSlot,
     /// A single server's batch queues: one per thread that decides, each
     /// with its own connection.
     lanes: Mutex<Vec<Lane>>,
@@ -204,6 +207,7 @@ impl RedisStore {
                 config,
                 client,
                 conn: Mutex::new(None),
+                bulk: Mutex::new(None),
                 lanes: Mutex::new(Vec::new()),
                 connecting: tokio::sync::Mutex::new(()),
                 breaker: Breaker::new(),
@@ -403,6 +407,14 @@ impl RedisStore {
     /// own bookkeeping: its incarnation, `SCAN`).
     pub async fn raw(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
         self.raw_call(cmd).await
+    }
+
+    /// One administrative command (a bulk write, a listing) through the
+    /// breaker, bounded by `timeout` instead of the decisions' timeout, on a
+    /// connection of its own.
+    pub async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.call(cmd, None, true, Some(deadline), &self.inner.bulk).await.map_err(|e| e.store_error(timeout))
     }
 
     /// How this store decides `global` checks, when it is a region's.

@@ -214,7 +214,7 @@ pub enum KeyError {
     InUse(String),
     /// Entries are kept in Redis, which failed (503).
     #[error(
-        "per-key entries are kept in Redis, which failed: {0}; try again (on one Redis server a failed write changed nothing; on a Redis Cluster part of a batch may be written, and writing it again completes it)"
+        "per-key entries are kept in Redis, which failed: {0}; try again (part of a batch may be written: writing it again completes it)"
     )]
     Shared(String),
 }

@@ -10,13 +10,17 @@
 //!   so in byte order): a listing is a `ZRANGEBYLEX` per shard, merged;
 //! * `<prefix>{keys:NN}:c`, a hash: `domain \0 tier` → entries.
 //!
-//! A write is one script per shard it touches ([`WRITE`]): the entries, the
-//! index, the counts, then a `PUBLISH` of the written lookup keys on
-//! `<prefix>keys:changed`, which every instance subscribes to and drops
-//! those keys from its cache. On one Redis server a whole batch is one call
-//! (all or nothing); a Redis Cluster runs each shard's part atomically, so a
-//! failure midway may leave part of a batch written (writing it again
-//! completes it: writes are idempotent).
+//! A write is one script per shard it touches and per [`WRITE_CHUNK`]
+//! entries ([`WRITE`]): the entries, the index, the counts, then a
+//! `PUBLISH` of the written lookup keys on `<prefix>keys:changed`, which
+//! every instance subscribes to and drops those keys from its cache. Each
+//! script is atomic and short (about a millisecond), so an import never
+//! holds Redis away from decisions for long; a batch is therefore not
+//! atomic as a whole: a failure or a crash midway can leave part of it
+//! written, and writing it again completes it (writes are idempotent).
+//! Administrative calls (writes, listings, counts) go on a connection of
+//! their own with [`ADMIN_TIMEOUT`]; the misses' reads use the decisions'
+//! connection and timeout.
 //!
 //! Misses are read in batches ([`Sharded::read`]): the misses waiting while
 //! a batch is out go together in the next, one `HMGET` per shard, sent
@@ -27,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use floodgate_core::StoreError;
-use floodgate_redis::{RedisStore, Target};
+use floodgate_redis::RedisStore;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{KeyError, Rows, Write};
@@ -38,13 +42,20 @@ pub const SHARDS: usize = 64;
 pub(crate) const READ_BATCH: usize = 1_024;
 /// Read batches out at once.
 pub(crate) const READS_IN_FLIGHT: usize = 4;
+/// Most entries one write script carries.
+pub(crate) const WRITE_CHUNK: usize = 256;
+/// Write scripts in flight at once for one batch.
+const WRITES_IN_FLIGHT: usize = 4;
+/// The longest an administrative call waits for Redis.
+pub(crate) const ADMIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Misses waiting for a batch before a lookup waits to queue.
 const READ_QUEUE: usize = 65_536;
 
-/// Writes entries of one or more shards. KEYS: per shard its entries hash,
-/// index and counts. ARGV: the channel, the message, then per shard the
-/// number of writes and that many (lookup key, value) pairs (an empty
-/// value deletes). Returns, per write, 1 when the key held a value before.
+/// Writes entries of one or more shards (one, as [`Sharded::apply`] calls
+/// it). KEYS: per shard its entries hash, index and counts. ARGV: the
+/// channel, the message, then per shard the number of writes and that many
+/// (lookup key, value) pairs (an empty value deletes). Returns, per write,
+/// 1 when the key held a value before.
 /// The tier of a value is read as `value.rs` writes it.
 const WRITE: &str = r"
 local function count(c, field, v, by)
@@ -139,10 +150,6 @@ impl Sharded {
         [format!("{p}{{keys:{shard:02}}}:e"), format!("{p}{{keys:{shard:02}}}:i"), format!("{p}{{keys:{shard:02}}}:c")]
     }
 
-    fn is_cluster(&self) -> bool {
-        matches!(self.store.config().target, Target::Cluster(_))
-    }
-
     /// The value under `key`, read in the next batch. Fails (the caller
     /// applies the files' rules) when Redis does.
     pub(crate) async fn read(&self, key: String) -> Result<Option<Vec<u8>>, KeyError> {
@@ -212,53 +219,52 @@ impl Sharded {
     pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
         let mut cmd = ::redis::cmd("HGET");
         cmd.arg(&self.keys(shard_of(key))[0]).arg(key);
-        reply(self.store.raw(&cmd).await)
+        reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
     }
 
-    /// Apply `writes` ([`WRITE`]): in one call on one server, one per
-    /// shard on a cluster. Whether each key held a value before, in order.
+    /// Apply `writes` ([`WRITE`]): one script per shard and per
+    /// [`WRITE_CHUNK`] entries, [`WRITES_IN_FLIGHT`] at a time. Whether
+    /// each key held a value before, in order. On an error, the scripts
+    /// that ran stay applied.
     pub(crate) async fn apply(&self, writes: &[Write]) -> Result<Vec<bool>, KeyError> {
         let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, w) in writes.iter().enumerate() {
             by_shard.entry(shard_of(&w.key)).or_default().push(i);
         }
-        let groups: Vec<Vec<(usize, Vec<usize>)>> = if self.is_cluster() {
-            by_shard.into_iter().map(|g| vec![g]).collect()
-        } else {
-            vec![by_shard.into_iter().collect()]
-        };
-        let calls = groups.into_iter().map(|group| async move {
-            let keys: Vec<&str> =
-                group.iter().flat_map(|(_, idx)| idx.iter().map(|&i| writes[i].key.as_str())).collect();
-            let message = serde_json::to_string(&keys).map_err(shared)?;
-            let mut cmd = ::redis::cmd("EVAL");
-            cmd.arg(WRITE).arg(group.len() * 3);
-            for (shard, _) in &group {
-                for k in self.keys(*shard) {
-                    cmd.arg(k);
-                }
-            }
-            cmd.arg(&self.channel).arg(message);
-            for (_, idx) in &group {
-                cmd.arg(idx.len());
-                for &i in idx {
-                    cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
-                }
-            }
-            let existed: Vec<i64> = reply(self.store.raw(&cmd).await)?;
-            let order: Vec<usize> = group.into_iter().flat_map(|(_, idx)| idx).collect();
-            if existed.len() != order.len() {
-                return Err(shared("Redis answered the write with the wrong count"));
-            }
-            Ok(order.into_iter().zip(existed.into_iter().map(|e| e == 1)).collect::<Vec<_>>())
-        });
+        let calls: Vec<(usize, &[usize])> = by_shard
+            .iter()
+            .flat_map(|(shard, idx)| idx.chunks(WRITE_CHUNK).map(move |c| (*shard, c)))
+            .collect();
         let mut before = vec![false; writes.len()];
-        for part in floodgate_redis::join_all(calls.collect()).await {
-            for (i, existed) in part? {
-                before[i] = existed;
+        for wave in calls.chunks(WRITES_IN_FLIGHT) {
+            let parts = wave.iter().map(|&(shard, idx)| self.write_chunk(writes, shard, idx));
+            for part in floodgate_redis::join_all(parts.collect()).await {
+                for (i, existed) in part? {
+                    before[i] = existed;
+                }
             }
         }
         Ok(before)
+    }
+
+    /// One [`WRITE`] script: the writes `idx` of one shard.
+    async fn write_chunk(&self, writes: &[Write], shard: usize, idx: &[usize]) -> Result<Vec<(usize, bool)>, KeyError> {
+        let keys: Vec<&str> = idx.iter().map(|&i| writes[i].key.as_str()).collect();
+        let message = serde_json::to_string(&keys).map_err(shared)?;
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(WRITE).arg(3);
+        for k in self.keys(shard) {
+            cmd.arg(k);
+        }
+        cmd.arg(&self.channel).arg(message).arg(idx.len());
+        for &i in idx {
+            cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
+        }
+        let existed: Vec<i64> = reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)?;
+        if existed.len() != idx.len() {
+            return Err(shared("Redis answered the write with the wrong count"));
+        }
+        Ok(idx.iter().copied().zip(existed.into_iter().map(|e| e == 1)).collect())
     }
 
     /// Entries per `(domain, tier)`, every shard's counts summed.
@@ -266,7 +272,7 @@ impl Sharded {
         let calls = (0..SHARDS).map(|s| async move {
             let mut cmd = ::redis::cmd("HGETALL");
             cmd.arg(&self.keys(s)[2]);
-            reply::<Vec<(String, u64)>>(self.store.raw(&cmd).await)
+            reply::<Vec<(String, u64)>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
         });
         let mut sum: BTreeMap<(String, String), u64> = BTreeMap::new();
         for rows in floodgate_redis::join_all(calls.collect()).await {
@@ -298,7 +304,7 @@ impl Sharded {
             async move {
                 let mut cmd = ::redis::cmd("ZRANGEBYLEX");
                 cmd.arg(&self.keys(s)[1]).arg(min.as_slice()).arg(max.as_slice()).arg("LIMIT").arg(0).arg(each);
-                reply::<Vec<String>>(self.store.raw(&cmd).await)
+                reply::<Vec<String>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
             }
         });
         let mut keys = Vec::new();
@@ -333,7 +339,7 @@ impl Sharded {
                 for &i in &idx {
                     cmd.arg(keys[i].as_str());
                 }
-                let got: Vec<Option<Vec<u8>>> = reply(self.store.raw(&cmd).await)?;
+                let got: Vec<Option<Vec<u8>>> = reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)?;
                 Ok::<_, KeyError>(idx.into_iter().zip(got).collect::<Vec<_>>())
             }
         });
@@ -356,14 +362,14 @@ impl Sharded {
     pub(crate) async fn is_set_up(&self) -> Result<bool, KeyError> {
         let mut cmd = ::redis::cmd("EXISTS");
         cmd.arg(&self.marker);
-        Ok(reply::<i64>(self.store.raw(&cmd).await)? == 1)
+        Ok(reply::<i64>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)? == 1)
     }
 
     /// Note that the layout holds every entry.
     pub(crate) async fn mark_set_up(&self) -> Result<(), KeyError> {
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(&self.marker).arg("1");
-        reply::<()>(self.store.raw(&cmd).await)
+        reply::<()>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
     }
 
     /// The store, for the subscription.
