@@ -159,30 +159,11 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     ready(&a).await;
     a.put(tiered("alice", "free"), &rules(), 1).await.unwrap();
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
-    // A change whose notice A never gets (written behind its back): A's
-    // cache keeps the old answer...
-    let key = "api\u{0}user\u{1}alice";
-    let mut conn = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let mut shard = None;
-    for s in 0..SHARDS {
-        let held: bool =
-            redis::cmd("HEXISTS").arg(format!("fg:{{keys:{s:02}}}:e")).arg(key).query_async(&mut conn).await.unwrap();
-        if held {
-            shard = Some(s);
-        }
-    }
-    let mut pro = vec![1u8];
-    pro.extend_from_slice(&0u64.to_le_bytes());
-    pro.extend_from_slice(b"pro");
-    let () = redis::cmd("HSET")
-        .arg(format!("fg:{{keys:{:02}}}:e", shard.expect("alice's shard")))
-        .arg(key)
-        .arg(pro)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"), "no notice: the cached answer stays");
+    // A change A never hears of (written behind its back, no notice, no
+    // version bump): A's cache keeps the old answer...
+    write_behind(&redis, "alice", "pro", false).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"), "no notice, no version: the cached answer stays");
     // ...until its subscription is lost and made again: the cache is dropped.
     let subscribed = a.stats().subscribed.load(Relaxed);
     redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
@@ -203,6 +184,56 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     // what Redis now holds.
     redis.restart();
     until(Duration::from_secs(10), "A follows Redis again", async || lookup(&a, "alice").await.is_none()).await;
+}
+
+/// Write `tier` for `user` straight into Redis, as if the write's notice
+/// were lost: the value, and (with `bump`) the shard's version as every
+/// write script bumps it.
+async fn write_behind(redis: &RedisServer, user: &str, tier: &str, bump: bool) {
+    let key = format!("api\u{0}user\u{1}{user}");
+    let mut conn = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut shard = None;
+    for s in 0..SHARDS {
+        let held: bool =
+            redis::cmd("HEXISTS").arg(format!("fg:{{keys:{s:02}}}:e")).arg(&key).query_async(&mut conn).await.unwrap();
+        if held {
+            shard = Some(s);
+        }
+    }
+    let shard = shard.expect("the user's shard");
+    let mut value = vec![1u8];
+    value.extend_from_slice(&0u64.to_le_bytes());
+    value.extend_from_slice(tier.as_bytes());
+    let () = redis::cmd("HSET")
+        .arg(format!("fg:{{keys:{shard:02}}}:e"))
+        .arg(&key)
+        .arg(value)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if bump {
+        let _: u64 = redis::cmd("INCR").arg(format!("fg:{{keys:{shard:02}}}:v")).query_async(&mut conn).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_notice_was_lost_is_caught_by_the_shards_versions() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-versions");
+    let a = instance(&dir, "a", &redis.url());
+    ready(&a).await;
+    a.put(tiered("alice", "free"), &rules(), 1).await.unwrap();
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
+    // Its notice never came, but the shard's version moved: within a few
+    // version reads (every second) the answer is read again.
+    write_behind(&redis, "alice", "pro", true).await;
+    let took = until(Duration::from_secs(5), "the version read catches the change", async || {
+        lookup(&a, "alice").await.as_deref() == Some("pro")
+    })
+    .await;
+    eprintln!("a change with no notice was caught in {took:?}");
+    assert!(a.stats().missed_notices.load(Relaxed) >= 1);
+    assert_eq!(a.stats().subscribed.load(Relaxed), 1, "caught without resubscribing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -340,6 +340,13 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
     );
     gauge(
         out,
+        "floodgate_key_missed_notices_total",
+        "counter",
+        "Per-key shards in Redis found changed with no change notice (their cached answers were dropped).",
+        s.missed_notices.load(Relaxed),
+    );
+    gauge(
+        out,
         "floodgate_key_subscriptions_total",
         "counter",
         "Times the per-key change notices from Redis were subscribed to, each dropping the cache.",

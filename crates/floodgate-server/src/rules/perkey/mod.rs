@@ -8,7 +8,7 @@
 //! * **Lookups.** A domain without entries costs one set lookup. Otherwise
 //!   the descriptor's lookup key is looked up in the cache ([quick_cache]:
 //!   S3-FIFO eviction, sharded, `--key-cache` answers). A cached answer is
-//!   the entry's limits only: a tier's name (one shared copy per tier) or
+//!   the entry's limits only: a tier's name (one copy per process) or
 //!   its own parsed limits, about [`BYTES_PER_ANSWER`] bytes with its key.
 //!   Concurrent misses for one key wait for the first one's read: one read
 //!   per key. With Redis, a cached answer older than the time to live
@@ -59,6 +59,7 @@ pub use disk::DB_CACHE_BYTES;
 use disk::Disk;
 pub use sharded::SHARDS;
 use sharded::Sharded;
+pub use value::MAX_TIER_NAMES;
 pub use value::lookup_key;
 use value::{Stored, check_text, limits_of, own_limits};
 
@@ -70,8 +71,13 @@ pub const MAX_TEXT: usize = 1_024;
 pub const MAX_BATCH: usize = 10_000;
 /// Cached answers by default.
 pub const DEFAULT_CACHE_ENTRIES: usize = 100_000;
-/// How long a cached answer is used by default.
-pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(60);
+/// How long a cached answer is used by default, with entries in Redis
+/// (change notices and the shards' versions keep answers fresh; this
+/// bounds what a failure of both could leave stale).
+pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(300);
+/// How often the shards' versions are read (a missed notice is caught
+/// within this).
+pub const VERSIONS_EVERY: Duration = Duration::from_secs(1);
 /// The metrics label of entries with their own limits and no `name`.
 pub const PER_KEY_LABEL: &str = "per-key";
 /// Memory per cached answer, its key included, measured with descriptors
@@ -128,8 +134,9 @@ impl KeySpec {
 /// What an entry's limits are: what a lookup answers.
 #[derive(Debug, Clone)]
 pub enum Limits {
-    /// The named tier of the domain, as the rules in use define it.
-    Tier(Arc<str>),
+    /// The named tier of the domain, as the rules in use define it (one
+    /// copy of each name per process).
+    Tier(&'static str),
     /// Its own, validated.
     Own(Arc<[Rule]>),
 }
@@ -271,6 +278,8 @@ pub struct KeyStats {
     /// Times the change subscription was (re)established, each dropping
     /// the cache.
     pub subscribed: AtomicU64,
+    /// Shards found changed with no notice (each dropped its answers).
+    pub missed_notices: AtomicU64,
 }
 
 /// Rows of a listing (lookup key, value) and whether more follow.
@@ -308,8 +317,6 @@ pub struct PerKey {
     noticed: AtomicU64,
     /// `(domain, tier)` → entries (tier empty for own limits).
     counts: Mutex<HashMap<(String, String), u64>>,
-    /// One copy of each tier name for the cached answers.
-    tiers: Mutex<HashSet<Arc<str>>>,
     /// Serializes disk writes (redb has one writer at a time anyway).
     write: Mutex<()>,
     /// Serializes writes to Redis with their counts' refresh.
@@ -346,7 +353,6 @@ impl PerKey {
             all_domains: AtomicBool::new(false),
             noticed: AtomicU64::new(0),
             counts: Mutex::default(),
-            tiers: Mutex::default(),
             write: Mutex::new(()),
             shared_write: tokio::sync::Mutex::new(()),
             warned: Mutex::default(),
@@ -538,7 +544,7 @@ impl PerKey {
     /// The limits of a stored value; a value that no longer validates is
     /// counted, logged and taken as none.
     fn decoded(&self, key: &str, value: Option<&[u8]>) -> Option<Limits> {
-        match limits_of(value?, |t| self.intern(t)) {
+        match limits_of(value?) {
             Ok(l) => Some(l),
             Err(e) => {
                 self.stats.bad_entries.fetch_add(1, Relaxed);
@@ -546,17 +552,6 @@ impl PerKey {
                 None
             }
         }
-    }
-
-    /// The one shared copy of a tier name.
-    fn intern(&self, tier: &str) -> Arc<str> {
-        let mut tiers = self.tiers.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(t) = tiers.get(tier) {
-            return t.clone();
-        }
-        let t: Arc<str> = Arc::from(tier);
-        tiers.insert(t.clone());
-        t
     }
 
     /// Note a decision whose entry, of `domain`, names a tier the rules do
@@ -928,19 +923,35 @@ impl PerKey {
                     if let Err(e) = self.refresh_counts().await {
                         tracing::debug!("per-key counts not read: {e}");
                     }
-                    let mut counts = tokio::time::interval(COUNTS_EVERY);
+                    // Read after notices (at most every 250 ms), and every
+                    // COUNTS_EVERY regardless.
+                    let mut counts = tokio::time::interval(Duration::from_millis(250));
                     counts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    let (mut noticed, mut counted) = (false, Instant::now());
+                    let mut versions = tokio::time::interval(VERSIONS_EVERY);
+                    versions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    // The versions as of the subscription (the cache is empty).
+                    let mut seen: Option<Vec<u64>> = None;
                     loop {
                         tokio::select! {
                             msg = sub.next() => match msg {
-                                Some(payload) => self.changed(&payload),
+                                Some(payload) => {
+                                    self.changed(&payload, seen.as_mut());
+                                    noticed = true;
+                                }
                                 None => break,
                             },
-                            _ = counts.tick() => {
+                            _ = counts.tick(), if noticed || counted.elapsed() >= COUNTS_EVERY => {
+                                noticed = false;
+                                counted = Instant::now();
                                 if let Err(e) = self.refresh_counts().await {
                                     tracing::debug!("per-key counts not read: {e}");
                                 }
                             }
+                            _ = versions.tick() => match sharded.versions().await {
+                                Ok(now) => self.check_versions(&mut seen, now),
+                                Err(e) => tracing::debug!("per-key shard versions not read: {e}"),
+                            },
                         }
                     }
                 }
@@ -956,15 +967,60 @@ impl PerKey {
         }
     }
 
-    /// A change notice: its lookup keys leave the cache.
-    fn changed(&self, payload: &[u8]) {
-        match serde_json::from_slice::<Vec<String>>(payload) {
-            Ok(keys) => self.forget(keys.iter().map(String::as_str)),
-            Err(_) => {
+    /// A change notice (`shard:version:["lookup key", …]`): its keys leave
+    /// the cache, and its shard's version is noted as seen.
+    fn changed(&self, payload: &[u8], seen: Option<&mut Vec<u64>>) {
+        let parsed = std::str::from_utf8(payload).ok().and_then(|p| {
+            let mut parts = p.splitn(3, ':');
+            let shard: usize = parts.next()?.parse().ok().filter(|s| *s < SHARDS)?;
+            let version: u64 = parts.next()?.parse().ok()?;
+            let keys: Vec<String> = serde_json::from_str(parts.next()?).ok()?;
+            Some((shard, version, keys))
+        });
+        match parsed {
+            Some((shard, version, keys)) => {
+                self.forget(keys.iter().map(String::as_str));
+                if let Some(seen) = seen {
+                    // Notices of one shard come in order (one node
+                    // publishes them): a gap is a lost notice.
+                    if version > seen[shard] + 1 {
+                        self.drop_shards(&[shard]);
+                    }
+                    seen[shard] = seen[shard].max(version);
+                }
+            }
+            None => {
                 tracing::warn!("a per-key change notice that does not parse: the cache is dropped");
                 self.cache.clear();
             }
         }
+    }
+
+    /// The shards' versions read now against those seen: a shard that
+    /// moved past its last notice lost one, and its cached answers go.
+    fn check_versions(&self, seen: &mut Option<Vec<u64>>, now: Vec<u64>) {
+        let Some(seen) = seen else {
+            *seen = Some(now);
+            return;
+        };
+        let behind: Vec<usize> = (0..SHARDS).filter(|&s| now[s] > seen[s]).collect();
+        if behind.is_empty() {
+            return;
+        }
+        // A notice may also be on its way still: dropping early costs a
+        // read per key, never a stale answer.
+        self.drop_shards(&behind);
+        for s in behind {
+            seen[s] = now[s];
+        }
+    }
+
+    /// Drop the cached answers of these shards (they changed with no
+    /// notice).
+    fn drop_shards(&self, shards: &[usize]) {
+        self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
+        tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
+        self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k)));
     }
 
     /// Move entries of an older layout into the sharded one, once per
@@ -1028,7 +1084,8 @@ impl PerKey {
     }
 }
 
-/// How often the per-tier counts are read from Redis besides after writes.
+/// How often the per-tier counts are read from Redis besides after change
+/// notices.
 const COUNTS_EVERY: Duration = Duration::from_secs(5);
 
 /// The writes of validated entries.
@@ -1124,7 +1181,7 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
     let limits = match (&spec.tier, &spec.limits) {
         (Some(t), None) => {
             check_tier_name(t).map_err(KeyError::Invalid)?;
-            Limits::Tier(Arc::from(t.as_str()))
+            Limits::Tier(value::intern_tier(t)?)
         }
         (None, Some(limits)) => own_limits(limits, spec.name.as_deref())?,
         (Some(_), Some(_)) => return bad("give either tier or limits, not both".into()),

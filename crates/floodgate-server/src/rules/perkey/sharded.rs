@@ -8,12 +8,18 @@
 //! * `<prefix>{keys:NN}:e`, a hash: lookup key → value (`value.rs`);
 //! * `<prefix>{keys:NN}:i`, a sorted set of the lookup keys (all score 0,
 //!   so in byte order): a listing is a `ZRANGEBYLEX` per shard, merged;
-//! * `<prefix>{keys:NN}:c`, a hash: `domain \0 tier` → entries.
+//! * `<prefix>{keys:NN}:c`, a hash: `domain \0 tier` → entries;
+//! * `<prefix>{keys:NN}:v`, the shard's version: bumped by every write.
 //!
 //! A write is one script per shard it touches and per [`WRITE_CHUNK`]
 //! entries ([`WRITE`]): the entries, the index, the counts, then a
-//! `PUBLISH` of the written lookup keys on `<prefix>keys:changed`, which
-//! every instance subscribes to and drops those keys from its cache. Each
+//! `PUBLISH` of the shard, its new version and the written lookup keys on
+//! `<prefix>keys:changed`, which every instance subscribes to and drops
+//! those keys from its cache. Pub/Sub can lose a notice without losing the
+//! subscription (a Redis Cluster's bus partitioned from the subscribed
+//! node): every instance also reads the 64 versions every second, and a
+//! shard whose version passed the last notice it got has its cached
+//! answers dropped. Each
 //! script is atomic and short (about a millisecond), so an import never
 //! holds Redis away from decisions for long; a batch is therefore not
 //! atomic as a whole: a failure or a crash midway can leave part of it
@@ -51,11 +57,11 @@ pub(crate) const ADMIN_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// Misses waiting for a batch before a lookup waits to queue.
 const READ_QUEUE: usize = 65_536;
 
-/// Writes entries of one or more shards (one, as [`Sharded::apply`] calls
-/// it). KEYS: per shard its entries hash, index and counts. ARGV: the
-/// channel, the message, then per shard the number of writes and that many
-/// (lookup key, value) pairs (an empty value deletes). Returns, per write,
-/// 1 when the key held a value before.
+/// Writes entries of one shard. KEYS: its entries hash, index, counts and
+/// version. ARGV: the channel, the written keys (a JSON array), the
+/// shard's number, then (lookup key, value) pairs (an empty value
+/// deletes). Bumps the shard's version and publishes `shard:version:keys`.
+/// Returns, per write, 1 when the key held a value before.
 /// The tier of a value is read as `value.rs` writes it.
 const WRITE: &str = r"
 local function count(c, field, v, by)
@@ -66,28 +72,23 @@ local function count(c, field, v, by)
   if redis.call('HINCRBY', c, k, by) <= 0 then redis.call('HDEL', c, k) end
 end
 local out = {}
-local a = 3
-for s = 1, #KEYS, 3 do
-  local e, i, c = KEYS[s], KEYS[s + 1], KEYS[s + 2]
-  local n = tonumber(ARGV[a])
-  a = a + 1
-  for _ = 1, n do
-    local f, v = ARGV[a], ARGV[a + 1]
-    a = a + 2
-    local old = redis.call('HGET', e, f)
-    if old then count(c, f, old, -1) end
-    if v == '' then
-      redis.call('HDEL', e, f)
-      redis.call('ZREM', i, f)
-    else
-      redis.call('HSET', e, f, v)
-      redis.call('ZADD', i, 0, f)
-      count(c, f, v, 1)
-    end
-    out[#out + 1] = old and 1 or 0
+local e, i, c = KEYS[1], KEYS[2], KEYS[3]
+for a = 4, #ARGV, 2 do
+  local f, v = ARGV[a], ARGV[a + 1]
+  local old = redis.call('HGET', e, f)
+  if old then count(c, f, old, -1) end
+  if v == '' then
+    redis.call('HDEL', e, f)
+    redis.call('ZREM', i, f)
+  else
+    redis.call('HSET', e, f, v)
+    redis.call('ZADD', i, 0, f)
+    count(c, f, v, 1)
   end
+  out[#out + 1] = old and 1 or 0
 end
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+local version = redis.call('INCR', KEYS[4])
+redis.call('PUBLISH', ARGV[1], ARGV[3] .. ':' .. version .. ':' .. ARGV[2])
 return out
 ";
 
@@ -144,10 +145,10 @@ impl Sharded {
         }
     }
 
-    /// A shard's entries, index and counts keys.
-    fn keys(&self, shard: usize) -> [String; 3] {
+    /// A shard's entries, index, counts and version keys.
+    fn keys(&self, shard: usize) -> [String; 4] {
         let p = &self.prefix;
-        [format!("{p}{{keys:{shard:02}}}:e"), format!("{p}{{keys:{shard:02}}}:i"), format!("{p}{{keys:{shard:02}}}:c")]
+        ["e", "i", "c", "v"].map(|k| format!("{p}{{keys:{shard:02}}}:{k}"))
     }
 
     /// The value under `key`, read in the next batch. Fails (the caller
@@ -231,10 +232,8 @@ impl Sharded {
         for (i, w) in writes.iter().enumerate() {
             by_shard.entry(shard_of(&w.key)).or_default().push(i);
         }
-        let calls: Vec<(usize, &[usize])> = by_shard
-            .iter()
-            .flat_map(|(shard, idx)| idx.chunks(WRITE_CHUNK).map(move |c| (*shard, c)))
-            .collect();
+        let calls: Vec<(usize, &[usize])> =
+            by_shard.iter().flat_map(|(shard, idx)| idx.chunks(WRITE_CHUNK).map(move |c| (*shard, c))).collect();
         let mut before = vec![false; writes.len()];
         for wave in calls.chunks(WRITES_IN_FLIGHT) {
             let parts = wave.iter().map(|&(shard, idx)| self.write_chunk(writes, shard, idx));
@@ -252,11 +251,11 @@ impl Sharded {
         let keys: Vec<&str> = idx.iter().map(|&i| writes[i].key.as_str()).collect();
         let message = serde_json::to_string(&keys).map_err(shared)?;
         let mut cmd = ::redis::cmd("EVAL");
-        cmd.arg(WRITE).arg(3);
+        cmd.arg(WRITE).arg(4);
         for k in self.keys(shard) {
             cmd.arg(k);
         }
-        cmd.arg(&self.channel).arg(message).arg(idx.len());
+        cmd.arg(&self.channel).arg(message).arg(shard);
         for &i in idx {
             cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
         }
@@ -356,6 +355,16 @@ impl Sharded {
             }
         }
         Ok((values, more))
+    }
+
+    /// Every shard's version (0 before its first write), read together.
+    pub(crate) async fn versions(&self) -> Result<Vec<u64>, KeyError> {
+        let calls = (0..SHARDS).map(|s| async move {
+            let mut cmd = ::redis::cmd("GET");
+            cmd.arg(&self.keys(s)[3]);
+            reply::<Option<u64>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await).map(Option::unwrap_or_default)
+        });
+        floodgate_redis::join_all(calls.collect()).await.into_iter().collect()
     }
 
     /// Whether the layout was set up (old entries migrated into it).

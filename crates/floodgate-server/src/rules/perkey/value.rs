@@ -10,8 +10,6 @@
 //! as binary by their next write. The Redis write script reads the first
 //! byte and the tier the same way (`sharded.rs`).
 
-use std::sync::Arc;
-
 use floodgate_core::rules::parse_limits;
 use serde::{Deserialize, Serialize};
 
@@ -118,17 +116,44 @@ pub(crate) fn tier_of(bytes: &[u8]) -> &str {
     }
 }
 
+/// Most distinct tier names one process keeps.
+pub const MAX_TIER_NAMES: usize = 65_536;
+
+/// The one copy of a tier name, for the life of the process: a cached
+/// answer holds a plain reference (no reference count that every decision
+/// on every thread would touch). Tier names are few (each is defined in a
+/// rules file); past [`MAX_TIER_NAMES`] distinct ones, an entry naming a
+/// new one is refused (written) or ignored (read, counted as bad).
+pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
+    static TIERS: std::sync::LazyLock<std::sync::RwLock<std::collections::HashSet<&'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    if let Some(t) = TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name) {
+        return Ok(t);
+    }
+    let mut tiers = TIERS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(t) = tiers.get(name) {
+        return Ok(t);
+    }
+    if tiers.len() >= MAX_TIER_NAMES {
+        return Err(KeyError::Invalid(format!(
+            "tier `{name}`: this server already knows {MAX_TIER_NAMES} distinct tier names; name one of the tiers the rules define"
+        )));
+    }
+    let t: &'static str = Box::leak(Box::from(name));
+    tiers.insert(t);
+    Ok(t)
+}
+
 /// The limits a stored value gives, for the decision path: a tier's name
-/// through `intern` (one copy per tier, not per entry), own limits parsed
-/// and validated.
-pub(crate) fn limits_of(bytes: &[u8], intern: impl FnOnce(&str) -> Arc<str>) -> Result<Limits, KeyError> {
+/// ([`intern_tier`]), or own limits parsed and validated.
+pub(crate) fn limits_of(bytes: &[u8]) -> Result<Limits, KeyError> {
     if bytes.first() == Some(&TIER) && bytes.len() > HEAD {
         let tier = std::str::from_utf8(&bytes[HEAD..]).map_err(bad)?;
-        return Ok(Limits::Tier(intern(tier)));
+        return Ok(Limits::Tier(intern_tier(tier)?));
     }
     let stored = Stored::decode(bytes)?;
     match (stored.tier, stored.limits) {
-        (Some(t), _) => Ok(Limits::Tier(intern(&t))),
+        (Some(t), _) => Ok(Limits::Tier(intern_tier(&t)?)),
         (None, Some(limits)) => own_limits(&limits, stored.name.as_deref()),
         (None, None) => Err(bad("neither a tier nor limits")),
     }
@@ -272,11 +297,10 @@ mod tests {
         let old = br#"{"tier":"pro","updated_at":42}"#;
         assert_eq!(Stored::decode(old).unwrap(), tier);
         assert_eq!(tier_of(old), "pro");
-        let interned: Arc<str> = Arc::from("pro");
         assert!(
-            matches!(limits_of(&tier.encode(), |_| interned.clone()), Ok(Limits::Tier(t)) if Arc::ptr_eq(&t, &interned))
+            matches!(limits_of(&tier.encode()), Ok(Limits::Tier(t)) if std::ptr::eq(t, intern_tier("pro").unwrap()))
         );
-        assert!(matches!(limits_of(&own.encode(), |_| unreachable!()), Ok(Limits::Own(r)) if r.len() == 1));
+        assert!(matches!(limits_of(&own.encode()), Ok(Limits::Own(r)) if r.len() == 1));
         assert!(Stored::decode(&[9, 0]).is_err());
         assert!(Stored::decode(&[]).is_err());
         assert_eq!(count_key(&lookup_key("api", &[("user", "a")]).unwrap(), &tier.encode()), "api\u{0}pro");
