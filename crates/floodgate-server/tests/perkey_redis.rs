@@ -73,6 +73,22 @@ async fn until(within: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) -
     start.elapsed()
 }
 
+/// Every user of domain `api` under `prefix`, listed `page` at a time
+/// through the cursor, and how many pages it took.
+async fn listed(k: &PerKey, prefix: &str, page: usize) -> (Vec<String>, usize) {
+    let (mut users, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
+    loop {
+        let p = k.list(Some("api"), prefix, false, cursor.as_deref(), page).await.unwrap();
+        assert!(p.entries.len() <= page);
+        users.extend(p.entries.iter().map(|(s, _)| s.descriptor[0].value.clone()));
+        pages += 1;
+        match p.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return (users, pages),
+        }
+    }
+}
+
 /// Wait until `k` follows the change notices.
 async fn ready(k: &PerKey) {
     until(Duration::from_secs(10), "subscribed", async || k.stats().subscribed.load(Relaxed) > 0).await;
@@ -248,19 +264,7 @@ async fn listings_page_in_key_order_across_the_shards() {
     specs.push(KeySpec { domain: "api".into(), ..tiered("x", "free") });
     let built = PerKey::validate(specs, &set, |_| None).unwrap();
     assert_eq!(a.put_all(&built).await.unwrap(), 2_501);
-    let mut seen = Vec::new();
-    let mut cursor: Option<String> = None;
-    let mut pages = 0;
-    loop {
-        let page = a.list(Some("api"), "user=u", false, cursor.as_deref(), 100).await.unwrap();
-        assert!(page.entries.len() <= 100);
-        seen.extend(page.entries.iter().map(|(s, _)| s.descriptor[0].value.clone()));
-        pages += 1;
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    let (seen, pages) = listed(&a, "user=u", 100).await;
     let want: Vec<String> = (0..2_500).map(|i| format!("u{i:05}")).collect();
     assert_eq!(seen, want, "every entry once, in order, over {pages} pages");
     let one = a.list(Some("api"), "user=u00042", true, None, 10).await.unwrap();
@@ -305,16 +309,7 @@ async fn a_redis_cluster_holds_the_entries_sharded_and_notices_reach_every_insta
     a.put(tiered("c123", "pro"), &set, 1).await.unwrap();
     until(Duration::from_secs(1), "B sees the change", async || lookup(&b, "c123").await.as_deref() == Some("pro"))
         .await;
-    let mut n = 0;
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = b.list(Some("api"), "", false, cursor.as_deref(), 50).await.unwrap();
-        n += page.entries.len();
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    let n = listed(&b, "", 50).await.0.len();
     assert_eq!(n, 300);
     // The entries spread over the primaries (sharded by key).
     let holding =

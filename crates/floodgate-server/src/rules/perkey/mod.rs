@@ -245,6 +245,40 @@ impl Default for CacheOptions {
     }
 }
 
+/// Longest lookup key a cache slot holds inline.
+const INLINE_KEY: usize = 46;
+
+/// A cache key: the lookup key, inline when it is short (most are: the
+/// domain, the descriptor key and a value of up to ~30 bytes), so that a
+/// hit follows no pointer to compare it and a miss allocates nothing.
+/// 48 bytes either way.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum CacheKey {
+    Inline(u8, [u8; INLINE_KEY]),
+    Heap(Box<str>),
+}
+
+impl CacheKey {
+    fn new(key: &str) -> Self {
+        match u8::try_from(key.len()) {
+            Ok(n) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                Self::Inline(n, bytes)
+            }
+            _ => Self::Heap(key.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole: always UTF-8.
+            Self::Inline(n, bytes) => std::str::from_utf8(&bytes[..usize::from(*n)]).unwrap_or_default(),
+            Self::Heap(s) => s,
+        }
+    }
+}
+
 /// A cached answer: the entry's limits, or none, and when it expires
 /// (milliseconds after the store opened).
 #[derive(Clone)]
@@ -302,7 +336,7 @@ pub struct PerKey {
     disk: Disk,
     /// Set when entries are kept in Redis: every read and write goes there.
     sharded: OnceLock<Arc<Sharded>>,
-    cache: Cache<String, Cached>,
+    cache: Cache<CacheKey, Cached>,
     /// The time to live given, if any.
     ttl: Option<Duration>,
     /// The time to live in use (`u64::MAX`: none).
@@ -428,11 +462,12 @@ impl PerKey {
     pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
         let key = self.key_of(domain, entries)?;
         let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key) };
+        let cache_key = CacheKey::new(&key);
         for _ in 0..2 {
-            match self.cache.get_value_or_guard_async(&key).await {
+            match self.cache.get_value_or_guard_async(&cache_key).await {
                 Ok(c) if self.fresh(&c) => return self.hit(c),
                 Ok(_) => {
-                    self.cache.remove(&key);
+                    self.cache.remove(&cache_key);
                 }
                 Err(guard) => {
                     let expires_ms = self.expiry();
@@ -472,7 +507,7 @@ impl PerKey {
             if self.sharded.get().is_none() {
                 return Ok(self.lookup_disk(key));
             }
-            match self.cache.get(key.as_str()) {
+            match self.cache.get(&CacheKey::new(key)) {
                 Some(c) if self.fresh(&c) => Ok(self.hit(c)),
                 _ => Err(()),
             }
@@ -510,12 +545,13 @@ impl PerKey {
 
     /// A lookup on disk: the cache, then the database on this thread.
     fn lookup_disk(&self, key: &str) -> Option<Limits> {
+        let cache_key = CacheKey::new(key);
         for _ in 0..2 {
-            match self.cache.get_value_or_guard(key, None) {
+            match self.cache.get_value_or_guard(&cache_key, None) {
                 GuardResult::Value(c) if self.fresh(&c) => return self.hit(c),
                 GuardResult::Value(_) => {
                     // Past its time to live: read it again.
-                    self.cache.remove(key);
+                    self.cache.remove(&cache_key);
                 }
                 GuardResult::Guard(g) => {
                     let expires_ms = self.expiry();
@@ -666,7 +702,7 @@ impl PerKey {
         {
             let domains = self.domains.load();
             for k in keys {
-                self.cache.remove(k);
+                self.cache.remove(&CacheKey::new(k));
                 let d = value::domain_of(k);
                 if !domains.contains(d) && !new_domains.iter().any(|n| &**n == d) {
                     new_domains.push(Box::from(d));
@@ -736,18 +772,10 @@ impl PerKey {
         limit: usize,
     ) -> Result<Page, KeyError> {
         let Some(sharded) = self.sharded.get() else { return self.page(domain, prefix, exact, cursor, limit) };
-        let (within, after) = listing_bounds(domain, prefix, cursor)?;
-        let (rows, more) = if exact {
-            let rows = match sharded.get(&within).await? {
-                Some(v) if after.as_deref().is_none_or(|a| a < within.as_str()) => vec![(within.clone(), v)],
-                _ => Vec::new(),
-            };
-            (rows, false)
-        } else {
-            match &after {
-                Some(a) if a.as_str() >= within.as_str() => sharded.page(a, false, &within, limit).await?,
-                _ => sharded.page(&within, true, &within, limit).await?,
-            }
+        let (rows, more) = match Scan::of(domain, prefix, exact, cursor)? {
+            Scan::Exact(k) => (sharded.get(&k).await?.map(|v| vec![(k, v)]).unwrap_or_default(), false),
+            Scan::Range { start, inclusive, within } => sharded.page(&start, inclusive, &within, limit).await?,
+            Scan::Nothing => (Vec::new(), false),
         };
         self.page_of(rows, more)
     }
@@ -761,18 +789,10 @@ impl PerKey {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Page, KeyError> {
-        let (within, after) = listing_bounds(domain, prefix, cursor)?;
-        let (rows, more) = if exact {
-            let rows = match self.disk.get(&within)? {
-                Some(v) if after.as_deref().is_none_or(|a| a < within.as_str()) => vec![(within.clone(), v)],
-                _ => Vec::new(),
-            };
-            (rows, false)
-        } else {
-            match &after {
-                Some(a) if a.as_str() >= within.as_str() => self.disk.page(a, false, &within, limit)?,
-                _ => self.disk.page(&within, true, &within, limit)?,
-            }
+        let (rows, more) = match Scan::of(domain, prefix, exact, cursor)? {
+            Scan::Exact(k) => (self.disk.get(&k)?.map(|v| vec![(k, v)]).unwrap_or_default(), false),
+            Scan::Range { start, inclusive, within } => self.disk.page(&start, inclusive, &within, limit)?,
+            Scan::Nothing => (Vec::new(), false),
         };
         self.page_of(rows, more)
     }
@@ -1020,7 +1040,7 @@ impl PerKey {
     fn drop_shards(&self, shards: &[usize]) {
         self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
         tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
-        self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k)));
+        self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
     }
 
     /// Move entries of an older layout into the sharded one, once per
@@ -1100,19 +1120,33 @@ fn writes_of(entries: &[KeyEntry]) -> Result<Vec<Write>, KeyError> {
         .collect()
 }
 
-/// A listing's range (lookup keys starting with the first) and the cursor
-/// decoded.
-fn listing_bounds(
-    domain: Option<&str>,
-    prefix: &str,
-    cursor: Option<&str>,
-) -> Result<(String, Option<String>), KeyError> {
-    let within = match domain {
-        Some(d) => value::listing_start(d, prefix)?,
-        None if prefix.is_empty() => String::new(),
-        None => return Err(KeyError::Invalid("prefix: give domain too".into())),
-    };
-    Ok((within, cursor.map(unhex).transpose()?))
+/// What one page of a listing reads.
+enum Scan {
+    /// One lookup key (an exact descriptor).
+    Exact(String),
+    /// Keys from `start` (inclusive or not) while they start with `within`.
+    Range { start: String, inclusive: bool, within: String },
+    /// Nothing (past an exact descriptor's page).
+    Nothing,
+}
+
+impl Scan {
+    /// The read of a listing of `domain` (all when `None`) under `prefix`
+    /// (exactly it with `exact`), after `cursor`.
+    fn of(domain: Option<&str>, prefix: &str, exact: bool, cursor: Option<&str>) -> Result<Self, KeyError> {
+        let within = match domain {
+            Some(d) => value::listing_start(d, prefix)?,
+            None if prefix.is_empty() => String::new(),
+            None => return Err(KeyError::Invalid("prefix: give domain too".into())),
+        };
+        let after = cursor.map(unhex).transpose()?;
+        Ok(match after {
+            Some(a) if exact && a >= within => Self::Nothing,
+            _ if exact => Self::Exact(within),
+            Some(a) if a >= within => Self::Range { start: a, inclusive: false, within },
+            _ => Self::Range { start: within.clone(), inclusive: true, within },
+        })
+    }
 }
 
 /// A cheap random number (xorshift, per thread, seeded by the clock).
