@@ -1,8 +1,9 @@
-//! [`SharedMap`]: a small map every instance shares through Redis (runtime
-//! overrides): a hash and a version counter in one hash slot, so a change
-//! is one atomic call and the other instances notice it by polling the
-//! version (one `GET`), which also survives reconnects and failovers that a
-//! pub/sub subscription would miss.
+//! [`SharedMap`]: a small map every instance shares through Redis: a hash
+//! and a version counter in one hash slot, so a change is one atomic call
+//! and the other instances notice it by polling the version (one `GET`).
+//! Runtime overrides were shared this way before per-key entries were
+//! sharded (`floodgate-server`'s `rules::perkey`); the server now only reads
+//! such a map once, to move its entries into the shards.
 
 use floodgate_core::StoreError;
 

@@ -83,7 +83,7 @@ pub const PER_KEY_LABEL: &str = "per-key";
 /// Memory per cached answer, its key included, measured with descriptors
 /// like `user=<7 digits>` (BENCHMARKS.md, "Per-key limits"): the cache's
 /// share of the RSS bound is `--key-cache` × this.
-pub const BYTES_PER_ANSWER: usize = 120;
+pub const BYTES_PER_ANSWER: usize = 170;
 
 /// One `(key, value)` of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
