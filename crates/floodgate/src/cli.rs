@@ -170,7 +170,7 @@ pub(crate) struct CommonArgs {
     #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
     pub(crate) key_cache: usize,
     /// How long a cached per-key answer is used before it is read again
-    /// (default: 60s with a Redis store; none on disk, where every write
+    /// (default: 5m with a Redis store; none on disk, where every write
     /// goes through this process).
     #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL")]
     pub(crate) key_cache_ttl: Option<String>,

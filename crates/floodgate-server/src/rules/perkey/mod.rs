@@ -12,7 +12,7 @@
 //!   its own parsed limits, about [`BYTES_PER_ANSWER`] bytes with its key.
 //!   Concurrent misses for one key wait for the first one's read: one read
 //!   per key. With Redis, a cached answer older than the time to live
-//!   (`--key-cache-ttl`, default 60 s, less up to a fifth at random) is
+//!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
 //!   read again; on disk answers expire only when the flag is given (every
 //!   write goes through this process, which drops its key).
 //! * **Misses.** On disk, a miss reads the database on the deciding thread
