@@ -32,7 +32,7 @@
 //! a batch is out go together in the next, one `HMGET` per shard, sent
 //! together; at most [`READS_IN_FLIGHT`] batches are out at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -130,6 +130,23 @@ fn reply<T: ::redis::FromRedisValue>(v: Result<::redis::Value, StoreError>) -> R
     ::redis::FromRedisValue::from_redis_value(v.map_err(shared)?).map_err(|e| shared(format!("Redis: {e}")))
 }
 
+/// The same failure again, for each key of a failed call.
+fn again(e: &KeyError) -> KeyError {
+    match e {
+        KeyError::Shared(why) => KeyError::Shared(why.clone()),
+        e => shared(e),
+    }
+}
+
+/// Which connection a call goes on.
+#[derive(Clone, Copy)]
+enum Via {
+    /// The decisions' connection and timeout (a miss's read).
+    Decisions,
+    /// The administrative connection, [`ADMIN_TIMEOUT`].
+    Admin,
+}
+
 impl Sharded {
     pub(crate) fn new(store: RedisStore) -> Self {
         let prefix = store.config().key_prefix.clone();
@@ -145,10 +162,58 @@ impl Sharded {
         }
     }
 
-    /// A shard's entries, index, counts and version keys.
-    fn keys(&self, shard: usize) -> [String; 4] {
-        let p = &self.prefix;
-        ["e", "i", "c", "v"].map(|k| format!("{p}{{keys:{shard:02}}}:{k}"))
+    /// A shard's entries (`e`), index (`i`), counts (`c`) or version (`v`)
+    /// key.
+    fn key(&self, shard: usize, part: &str) -> String {
+        format!("{}{{keys:{shard:02}}}:{part}", self.prefix)
+    }
+
+    /// One command's reply.
+    async fn call<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd, via: Via) -> Result<T, KeyError> {
+        reply(match via {
+            Via::Decisions => self.store.raw(cmd).await,
+            Via::Admin => self.store.bulk(cmd, ADMIN_TIMEOUT).await,
+        })
+    }
+
+    /// `cmd(shard)` on every shard, sent together (administrative).
+    async fn every_shard<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: impl Fn(usize) -> ::redis::Cmd,
+    ) -> Result<Vec<T>, KeyError> {
+        let calls = (0..SHARDS).map(|s| {
+            let cmd = cmd(s);
+            async move { self.call(&cmd, Via::Admin).await }
+        });
+        floodgate_redis::join_all(calls.collect()).await.into_iter().collect()
+    }
+
+    /// The values under `keys`, in order: one `HMGET` per shard, sent
+    /// together. A shard's failure fails its keys only.
+    async fn values(&self, keys: &[&str], via: Via) -> Vec<Result<Option<Vec<u8>>, KeyError>> {
+        let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_shard.entry(shard_of(k)).or_default().push(i);
+        }
+        let calls = by_shard.into_iter().map(|(shard, idx)| async move {
+            let mut cmd = ::redis::cmd("HMGET");
+            cmd.arg(self.key(shard, "e"));
+            for &i in &idx {
+                cmd.arg(keys[i]);
+            }
+            let got = self.call::<Vec<Option<Vec<u8>>>>(&cmd, via).await.and_then(|got| {
+                if got.len() == idx.len() { Ok(got) } else { Err(shared("Redis answered HMGET with the wrong count")) }
+            });
+            (idx, got)
+        });
+        let mut out: Vec<Result<Option<Vec<u8>>, KeyError>> = keys.iter().map(|_| Ok(None)).collect();
+        for (idx, got) in floodgate_redis::join_all(calls.collect()).await {
+            match got {
+                Ok(values) => idx.into_iter().zip(values).for_each(|(i, v)| out[i] = Ok(v)),
+                Err(e) => idx.into_iter().for_each(|i| out[i] = Err(again(&e))),
+            }
+        }
+        out
     }
 
     /// The value under `key`, read in the next batch. Fails (the caller
@@ -184,43 +249,18 @@ impl Sharded {
     }
 
     async fn read_batch(&self, batch: Vec<Read>) {
-        let mut by_shard: HashMap<usize, Vec<Read>> = HashMap::new();
-        for r in batch {
-            by_shard.entry(shard_of(&r.key)).or_default().push(r);
+        let keys: Vec<&str> = batch.iter().map(|r| r.key.as_str()).collect();
+        let values = self.values(&keys, Via::Decisions).await;
+        for (r, v) in batch.into_iter().zip(values) {
+            let _ = r.reply.send(v);
         }
-        let calls = by_shard.into_iter().map(|(shard, reads)| async move {
-            let mut cmd = ::redis::cmd("HMGET");
-            cmd.arg(&self.keys(shard)[0]);
-            for r in &reads {
-                cmd.arg(r.key.as_str());
-            }
-            match reply::<Vec<Option<Vec<u8>>>>(self.store.raw(&cmd).await) {
-                Ok(values) if values.len() == reads.len() => {
-                    for (r, v) in reads.into_iter().zip(values) {
-                        let _ = r.reply.send(Ok(v));
-                    }
-                }
-                Ok(_) => {
-                    for r in reads {
-                        let _ = r.reply.send(Err(shared("Redis answered HMGET with the wrong count")));
-                    }
-                }
-                Err(e) => {
-                    let why = e.to_string();
-                    for r in reads {
-                        let _ = r.reply.send(Err(KeyError::Shared(why.clone())));
-                    }
-                }
-            }
-        });
-        floodgate_redis::join_all(calls.collect()).await;
     }
 
     /// The value under `key`, read now (the admin API's exact lookup).
     pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
         let mut cmd = ::redis::cmd("HGET");
-        cmd.arg(&self.keys(shard_of(key))[0]).arg(key);
-        reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
+        cmd.arg(self.key(shard_of(key), "e")).arg(key);
+        self.call(&cmd, Via::Admin).await
     }
 
     /// Apply `writes` ([`WRITE`]): one script per shard and per
@@ -252,14 +292,14 @@ impl Sharded {
         let message = serde_json::to_string(&keys).map_err(shared)?;
         let mut cmd = ::redis::cmd("EVAL");
         cmd.arg(WRITE).arg(4);
-        for k in self.keys(shard) {
-            cmd.arg(k);
+        for part in ["e", "i", "c", "v"] {
+            cmd.arg(self.key(shard, part));
         }
         cmd.arg(&self.channel).arg(message).arg(shard);
         for &i in idx {
             cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
         }
-        let existed: Vec<i64> = reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)?;
+        let existed: Vec<i64> = self.call(&cmd, Via::Admin).await?;
         if existed.len() != idx.len() {
             return Err(shared("Redis answered the write with the wrong count"));
         }
@@ -268,14 +308,16 @@ impl Sharded {
 
     /// Entries per `(domain, tier)`, every shard's counts summed.
     pub(crate) async fn counts(&self) -> Result<Vec<(String, String, u64)>, KeyError> {
-        let calls = (0..SHARDS).map(|s| async move {
-            let mut cmd = ::redis::cmd("HGETALL");
-            cmd.arg(&self.keys(s)[2]);
-            reply::<Vec<(String, u64)>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
-        });
+        let shards: Vec<Vec<(String, u64)>> = self
+            .every_shard(|s| {
+                let mut cmd = ::redis::cmd("HGETALL");
+                cmd.arg(self.key(s, "c"));
+                cmd
+            })
+            .await?;
         let mut sum: BTreeMap<(String, String), u64> = BTreeMap::new();
-        for rows in floodgate_redis::join_all(calls.collect()).await {
-            for (k, n) in rows? {
+        for rows in shards {
+            for (k, n) in rows {
                 let (d, t) = k.split_once('\u{0}').unwrap_or((k.as_str(), ""));
                 *sum.entry((d.to_owned(), t.to_owned())).or_default() += n;
             }
@@ -298,18 +340,16 @@ impl Sharded {
         let each = (2 * limit).div_ceil(SHARDS).max(16);
         let min = [if inclusive { b"[" } else { b"(" }.as_slice(), start.as_bytes()].concat();
         let max = if within.is_empty() { b"+".to_vec() } else { [b"[", within.as_bytes(), &[0xff]].concat() };
-        let calls = (0..SHARDS).map(|s| {
-            let (min, max) = (&min, &max);
-            async move {
+        let shards: Vec<Vec<String>> = self
+            .every_shard(|s| {
                 let mut cmd = ::redis::cmd("ZRANGEBYLEX");
-                cmd.arg(&self.keys(s)[1]).arg(min.as_slice()).arg(max.as_slice()).arg("LIMIT").arg(0).arg(each);
-                reply::<Vec<String>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
-            }
-        });
+                cmd.arg(self.key(s, "i")).arg(min.as_slice()).arg(max.as_slice()).arg("LIMIT").arg(0).arg(each);
+                cmd
+            })
+            .await?;
         let mut keys = Vec::new();
         let mut bound: Option<String> = None;
-        for shard in floodgate_redis::join_all(calls.collect()).await {
-            let shard = shard?;
+        for shard in shards {
             if shard.len() == each
                 && let Some(last) = shard.last()
                 && bound.as_ref().is_none_or(|b| last < b)
@@ -325,32 +365,11 @@ impl Sharded {
         }
         keys.truncate(limit);
         let more = bound.is_some() || keys.len() < candidates;
+        let found = self.values(&keys.iter().map(String::as_str).collect::<Vec<_>>(), Via::Admin).await;
         let mut values = Vec::with_capacity(keys.len());
-        let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, k) in keys.iter().enumerate() {
-            by_shard.entry(shard_of(k)).or_default().push(i);
-        }
-        let calls = by_shard.into_iter().map(|(shard, idx)| {
-            let keys = &keys;
-            async move {
-                let mut cmd = ::redis::cmd("HMGET");
-                cmd.arg(&self.keys(shard)[0]);
-                for &i in &idx {
-                    cmd.arg(keys[i].as_str());
-                }
-                let got: Vec<Option<Vec<u8>>> = reply(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)?;
-                Ok::<_, KeyError>(idx.into_iter().zip(got).collect::<Vec<_>>())
-            }
-        });
-        let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        for part in floodgate_redis::join_all(calls.collect()).await {
-            for (i, v) in part? {
-                found[i] = v;
-            }
-        }
         for (k, v) in keys.into_iter().zip(found) {
             // Deleted between the two reads: not listed.
-            if let Some(v) = v {
+            if let Some(v) = v? {
                 values.push((k, v));
             }
         }
@@ -359,26 +378,28 @@ impl Sharded {
 
     /// Every shard's version (0 before its first write), read together.
     pub(crate) async fn versions(&self) -> Result<Vec<u64>, KeyError> {
-        let calls = (0..SHARDS).map(|s| async move {
-            let mut cmd = ::redis::cmd("GET");
-            cmd.arg(&self.keys(s)[3]);
-            reply::<Option<u64>>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await).map(Option::unwrap_or_default)
-        });
-        floodgate_redis::join_all(calls.collect()).await.into_iter().collect()
+        let versions: Vec<Option<u64>> = self
+            .every_shard(|s| {
+                let mut cmd = ::redis::cmd("GET");
+                cmd.arg(self.key(s, "v"));
+                cmd
+            })
+            .await?;
+        Ok(versions.into_iter().map(Option::unwrap_or_default).collect())
     }
 
     /// Whether the layout was set up (old entries migrated into it).
     pub(crate) async fn is_set_up(&self) -> Result<bool, KeyError> {
         let mut cmd = ::redis::cmd("EXISTS");
         cmd.arg(&self.marker);
-        Ok(reply::<i64>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)? == 1)
+        Ok(self.call::<i64>(&cmd, Via::Admin).await? == 1)
     }
 
     /// Note that the layout holds every entry.
     pub(crate) async fn mark_set_up(&self) -> Result<(), KeyError> {
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(&self.marker).arg("1");
-        reply::<()>(self.store.bulk(&cmd, ADMIN_TIMEOUT).await)
+        self.call::<()>(&cmd, Via::Admin).await
     }
 
     /// The store, for the subscription.
