@@ -215,20 +215,17 @@ impl<S: Store> Service<S> {
     /// Validate `req` and gather what its descriptors resolve against,
     /// waiting for per-key entries that must be read from Redis.
     async fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
-        validate(req)?;
-        let rules = self.rules.current();
-        let mut keyed = Vec::new();
-        if let Some(k) = self.keys.as_deref().filter(|k| !k.is_empty()) {
-            keyed.reserve(req.descriptors.len());
+        if let Some(sources) = self.sources_now(req) {
+            return sources;
+        }
+        // Valid, and an entry must be read from Redis.
+        let mut keyed = Vec::with_capacity(req.descriptors.len());
+        if let Some(k) = self.keys.as_deref() {
             for d in &req.descriptors {
-                keyed.push(match k.lookup_now(&req.domain, &d.entries) {
-                    Ok(l) => l,
-                    Err(()) => k.lookup(&req.domain, &d.entries).await,
-                });
+                keyed.push(k.lookup(&req.domain, &d.entries).await);
             }
         }
-        let inline = inline_rules(&rules, req);
-        Ok(Sources { rules, keyed, inline })
+        Ok(self.sources_of(req, keyed))
     }
 
     /// [`Service::sources`] without waiting: `None` when a per-key entry
@@ -237,15 +234,20 @@ impl<S: Store> Service<S> {
         if let Err(e) = validate(req) {
             return Some(Err(e));
         }
-        let rules = self.rules.current();
         let keyed = match self.keys.as_deref() {
             Some(k) if !k.is_empty() => {
                 req.descriptors.iter().map(|d| k.lookup_now(&req.domain, &d.entries)).collect::<Result<_, ()>>().ok()?
             }
             _ => Vec::new(),
         };
+        Some(Ok(self.sources_of(req, keyed)))
+    }
+
+    /// The sources of a valid `req` with its per-key entries `keyed`.
+    fn sources_of(&self, req: &Request, keyed: Vec<Option<Limits>>) -> Sources {
+        let rules = self.rules.current();
         let inline = inline_rules(&rules, req);
-        Some(Ok(Sources { rules, keyed, inline }))
+        Sources { rules, keyed, inline }
     }
 
     async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
