@@ -22,10 +22,9 @@ use std::path::Path;
 
 use arc_swap::ArcSwap;
 use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::Deserialize;
 
-use super::value::{ENTRY_SEP, Stored, count_key, lookup_key};
-use super::{KeyError, KeySpec, Rows, Write};
+use super::value::{ENTRY_SEP, count_key};
+use super::{KeyError, Rows, Write};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("tier_counts");
@@ -83,11 +82,6 @@ impl Disk {
 
     /// Move the rows of a pre-tier `overrides` table into `keys`.
     fn migrate(&self, path: &Path) -> Result<(), KeyError> {
-        #[derive(Deserialize)]
-        struct Old {
-            spec: KeySpec,
-            updated_at: u64,
-        }
         let read = self.db.begin_read().map_err(storage)?;
         let rows: Vec<(String, String)> = match read.open_table(LEGACY) {
             Ok(t) => t
@@ -102,14 +96,9 @@ impl Disk {
         drop(read);
         let mut writes = Vec::with_capacity(rows.len());
         for (key, text) in &rows {
-            match serde_json::from_str::<Old>(text) {
-                Ok(old) => match lookup_key(&old.spec.domain, &old.spec.entries()) {
-                    Some(k) => writes.push(Write::put(k, &Stored::of(&old.spec, old.updated_at))),
-                    None => {
-                        tracing::warn!(override = %key, "an old override with a control character in its descriptor is dropped")
-                    }
-                },
-                Err(e) => tracing::warn!(override = %key, "an old override that does not parse is dropped: {e}"),
+            match Write::legacy(text) {
+                Ok(w) => writes.push(w),
+                Err(e) => tracing::warn!(override = %key, "an old override is dropped: {e}"),
             }
         }
         let n = writes.len();

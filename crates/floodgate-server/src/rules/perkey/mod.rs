@@ -329,6 +329,25 @@ impl Write {
     fn put(key: String, stored: &Stored) -> Self {
         Self { key, value: Some(stored.encode()) }
     }
+
+    /// The write setting `spec`, updated at `updated_at`; `None` when its
+    /// descriptor holds a separator (no entry built by [`build`] does).
+    fn of(spec: &KeySpec, updated_at: u64) -> Option<Self> {
+        Some(Self::put(lookup_key(&spec.domain, &spec.entries())?, &Stored::of(spec, updated_at)))
+    }
+
+    /// The write of an entry as builds before tiers stored it (redb's
+    /// `overrides` table, Redis's shared map): the JSON of
+    /// `{"spec": {domain, descriptor, limits}, "updated_at"}`.
+    fn legacy(text: &str) -> Result<Self, String> {
+        #[derive(Deserialize)]
+        struct Legacy {
+            spec: KeySpec,
+            updated_at: u64,
+        }
+        let old: Legacy = serde_json::from_str(text).map_err(|e| format!("it does not parse: {e}"))?;
+        Self::of(&old.spec, old.updated_at).ok_or_else(|| "a control character in its descriptor".to_owned())
+    }
 }
 
 /// The per-key store.
@@ -1054,18 +1073,9 @@ impl PerKey {
         let (version, rows) = old.load().await.map_err(|e| KeyError::Shared(e.to_string()))?;
         let mut moved = 0;
         if version > 0 {
-            #[derive(Deserialize)]
-            struct SharedEntry {
-                spec: KeySpec,
-                updated_at: u64,
-            }
             let mut writes = Vec::with_capacity(rows.len());
             for (field, text) in &rows {
-                let parsed = serde_json::from_str::<SharedEntry>(text).map_err(|e| e.to_string()).and_then(|s| {
-                    let key = lookup_key(&s.spec.domain, &s.spec.entries()).ok_or("a control character")?;
-                    Ok(Write::put(key, &Stored::of(&s.spec, s.updated_at)))
-                });
-                match parsed {
+                match Write::legacy(text) {
                     Ok(w) => writes.push(w),
                     Err(e) => tracing::warn!("shared override {field:?} not moved: {e}"),
                 }
@@ -1082,13 +1092,7 @@ impl PerKey {
             let mut cursor = None;
             loop {
                 let page = self.page(None, "", false, cursor.as_deref(), 1_000)?;
-                let writes: Vec<Write> = page
-                    .entries
-                    .iter()
-                    .filter_map(|(spec, at)| {
-                        Some(Write::put(lookup_key(&spec.domain, &spec.entries())?, &Stored::of(spec, *at)))
-                    })
-                    .collect();
+                let writes: Vec<Write> = page.entries.iter().filter_map(|(spec, at)| Write::of(spec, *at)).collect();
                 sharded.apply(&writes).await?;
                 moved += writes.len();
                 match page.next_cursor {
@@ -1113,9 +1117,8 @@ fn writes_of(entries: &[KeyEntry]) -> Result<Vec<Write>, KeyError> {
     entries
         .iter()
         .map(|e| {
-            let key = lookup_key(&e.spec.domain, &e.spec.entries())
-                .ok_or_else(|| KeyError::Invalid("a control character in the descriptor".into()))?;
-            Ok(Write::put(key, &Stored::of(&e.spec, e.updated_at)))
+            Write::of(&e.spec, e.updated_at)
+                .ok_or_else(|| KeyError::Invalid("a control character in the descriptor".into()))
         })
         .collect()
 }
