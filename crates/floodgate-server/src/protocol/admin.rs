@@ -322,8 +322,9 @@ async fn set<S: Backend>(
     let k = keys_of(&state)?;
     let spec: KeySpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
     let regions = state.service.store().regions_count();
-    let e = k.put(spec, &state.service.rules().current(), regions).await.map_err(key_error)?;
-    let limits = e.rules_in(&state.service.rules().current()).map_or(0, <[_]>::len);
+    let rules = state.service.rules().current();
+    let e = k.put(spec, &rules, regions).await.map_err(key_error)?;
+    let limits = e.rules_in(&rules).map_or(0, <[_]>::len);
     Ok(axum::Json(json!({ "set": true, "domain": e.spec.domain, "descriptor": e.spec.descriptor, "tier": e.spec.tier, "limits": limits }))
         .into_response())
 }
