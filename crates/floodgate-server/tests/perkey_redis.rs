@@ -102,7 +102,7 @@ async fn every_instance_sees_every_entry_and_each_change_within_a_second() {
     ready(&a).await;
     ready(&b).await;
     let set = rules();
-    a.put(tiered("alice", "free"), &set, 1).await.unwrap();
+    a.put(tiered("alice", "free"), &set, |_| None).await.unwrap();
     assert_eq!(lookup(&b, "alice").await.as_deref(), Some("free"), "B reads A's entry from Redis");
     assert_eq!(lookup(&b, "bob").await, None, "no entry: cached as none");
     let misses = b.stats().misses.load(Relaxed);
@@ -110,14 +110,14 @@ async fn every_instance_sees_every_entry_and_each_change_within_a_second() {
     assert_eq!(b.stats().misses.load(Relaxed), misses, "the second lookup is a cache hit");
 
     // A change on A reaches B's cache (its time to live is 10 minutes).
-    a.put(tiered("alice", "pro"), &set, 1).await.unwrap();
+    a.put(tiered("alice", "pro"), &set, |_| None).await.unwrap();
     let took = until(Duration::from_secs(1), "B sees alice's new tier", async || {
         lookup(&b, "alice").await.as_deref() == Some("pro")
     })
     .await;
     eprintln!("a change reached the other instance in {took:?}");
     // A new entry for a key B cached as none, and a deletion.
-    b.put(tiered("bob", "pro"), &set, 1).await.unwrap();
+    b.put(tiered("bob", "pro"), &set, |_| None).await.unwrap();
     until(Duration::from_secs(1), "A sees bob", async || lookup(&a, "bob").await.is_some()).await;
     assert!(b.remove("api", &[("user", "alice")]).await.unwrap());
     assert!(!b.remove("api", &[("user", "alice")]).await.unwrap(), "already gone");
@@ -173,7 +173,7 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     let dir = TempDir::new("pk-lost");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
-    a.put(tiered("alice", "free"), &rules(), 1).await.unwrap();
+    a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // A change A never hears of (written behind its back, no notice, no
     // version bump): A's cache keeps the old answer...
@@ -194,7 +194,7 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     assert_eq!(lookup(&a, "zed").await, None);
     assert!(started.elapsed() < Duration::from_secs(2), "a miss waits at most the Redis timeout");
     assert!(a.stats().read_errors.load(Relaxed) >= 1);
-    let err = a.put(tiered("zed", "free"), &rules(), 1).await.unwrap_err().to_string();
+    let err = a.put(tiered("zed", "free"), &rules(), |_| None).await.unwrap_err().to_string();
     assert!(err.contains("kept in Redis, which failed"), "{err}");
     // Redis is back (empty): A resubscribes, drops its cache, and reads
     // what Redis now holds.
@@ -238,7 +238,7 @@ async fn a_change_whose_notice_was_lost_is_caught_by_the_shards_versions() {
     let dir = TempDir::new("pk-versions");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
-    a.put(tiered("alice", "free"), &rules(), 1).await.unwrap();
+    a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // Its notice never came, but the shard's version moved: within a few
     // version reads (every second) the answer is read again.
@@ -306,7 +306,7 @@ async fn a_redis_cluster_holds_the_entries_sharded_and_notices_reach_every_insta
     let built = PerKey::validate(specs, &set, |_| None).unwrap();
     a.put_all(&built).await.unwrap();
     assert_eq!(lookup(&b, "c123").await.as_deref(), Some("free"));
-    a.put(tiered("c123", "pro"), &set, 1).await.unwrap();
+    a.put(tiered("c123", "pro"), &set, |_| None).await.unwrap();
     until(Duration::from_secs(1), "B sees the change", async || lookup(&b, "c123").await.as_deref() == Some("pro"))
         .await;
     let n = listed(&b, "", 50).await.0.len();

@@ -321,12 +321,19 @@ async fn set<S: Backend>(
 ) -> Result<Response, ApiError> {
     let k = keys_of(&state)?;
     let spec: KeySpec = parse(&body(&headers, raw)?).map_err(ApiError::from)?;
-    let regions = state.service.store().regions_count();
     let rules = state.service.rules().current();
-    let e = k.put(spec, &rules, regions).await.map_err(key_error)?;
+    let e = k.put(spec, &rules, rule_check(&state)).await.map_err(key_error)?;
     let limits = e.rules_in(&rules).map_or(0, <[_]>::len);
     Ok(axum::Json(json!({ "set": true, "domain": e.spec.domain, "descriptor": e.spec.descriptor, "tier": e.spec.tier, "limits": limits }))
         .into_response())
+}
+
+/// Refuses limits this server cannot honour (a `global` rule without
+/// regions, a `bounded` slice under one hit), for per-key entries' own
+/// limits.
+fn rule_check<S: Backend>(state: &AdminState<S>) -> impl Fn(&floodgate_core::rules::Rule) -> Option<String> {
+    let regions = state.service.store().regions_count();
+    move |r| crate::runtime::regions::check_rule(r, regions)
 }
 
 /// `POST /admin/v1/keys/import`'s body.
@@ -350,9 +357,7 @@ async fn import<S: Backend>(
             format!("{} entries: send at most {MAX_BATCH} per batch", batch.entries.len()),
         ));
     }
-    let regions = state.service.store().regions_count();
-    let check = |r: &floodgate_core::rules::Rule| crate::runtime::regions::check_rule(r, regions);
-    let built = match PerKey::validate(batch.entries, &state.service.rules().current(), check) {
+    let built = match PerKey::validate(batch.entries, &state.service.rules().current(), rule_check(&state)) {
         Ok(b) => b,
         Err(errors) => {
             let errors: Vec<Value> =

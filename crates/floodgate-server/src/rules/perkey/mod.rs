@@ -750,9 +750,15 @@ impl PerKey {
         }
     }
 
-    /// Set one entry (validated against `set`, and for `regions` regions).
-    pub async fn put(&self, spec: KeySpec, set: &RuleSet, regions: usize) -> Result<KeyEntry, KeyError> {
-        let e = Self::validate_one(spec, set, |r| crate::runtime::regions::check_rule(r, regions))?;
+    /// Set one entry (validated against `set`; `check_rule` refuses limits
+    /// this server cannot honour, as for [`PerKey::validate`]).
+    pub async fn put(
+        &self,
+        spec: KeySpec,
+        set: &RuleSet,
+        check_rule: impl Fn(&Rule) -> Option<String>,
+    ) -> Result<KeyEntry, KeyError> {
+        let e = Self::validate_one(spec, set, check_rule)?;
         self.put_all(std::slice::from_ref(&e)).await?;
         Ok(e)
     }
