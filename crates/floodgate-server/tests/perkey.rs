@@ -400,6 +400,53 @@ fn the_cache_holds_no_entry_answers_and_reads_each_key_once() {
     assert_eq!(limit_of(&o, "nobody"), Some(3));
 }
 
+/// Each deciding thread keeps its own copies of the answers it used last
+/// (the front cache): a write on another thread changes what every one of
+/// them answers next, and two stores on one thread never see each other's.
+#[test]
+fn a_write_reaches_every_threads_own_copies_at_once() {
+    use std::sync::mpsc;
+
+    let dir = TempDir::new("front");
+    let o = std::sync::Arc::new(PerKey::open(dir.0.join("o.redb")).unwrap());
+    let other = PerKey::open(dir.0.join("other.redb")).unwrap();
+    other.set(spec("alice", json!({"unit": "second", "requests_per_unit": 99})), &no_rules()).unwrap();
+    o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
+    let (to_main, from_threads) = mpsc::channel();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (o, to_main) = (o.clone(), to_main.clone());
+            let (to_thread, from_main) = mpsc::channel::<()>();
+            let t = std::thread::spawn(move || {
+                // Looked up over and over: held in this thread's front.
+                for _ in 0..2 {
+                    let seen: Vec<Option<u64>> = (0..100).map(|_| limit_of(&o, "alice")).collect();
+                    to_main.send(seen).unwrap();
+                    from_main.recv().unwrap();
+                }
+            });
+            (t, to_thread)
+        })
+        .collect();
+    for _ in &threads {
+        assert_eq!(from_threads.recv().unwrap(), vec![Some(5); 100]);
+    }
+    assert_eq!(limit_of(&other, "alice"), Some(99), "each store answers its own");
+    o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 7})), &no_rules()).unwrap();
+    for (_, to_thread) in &threads {
+        to_thread.send(()).unwrap();
+    }
+    for _ in &threads {
+        assert_eq!(from_threads.recv().unwrap(), vec![Some(7); 100], "the write reached every thread");
+    }
+    for (t, to_thread) in threads {
+        to_thread.send(()).unwrap();
+        t.join().unwrap();
+    }
+    assert!(o.delete("api", &[("user", "alice")]).unwrap());
+    assert_eq!(limit_of(&o, "alice"), None, "and a delete");
+}
+
 #[test]
 fn cached_answers_expire_after_their_time_to_live() {
     use std::sync::atomic::Ordering::Relaxed;

@@ -40,12 +40,13 @@
 //!   entries is refused ([`PerKey::check_rules`]).
 
 mod disk;
+mod front;
 mod sharded;
 mod value;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -57,6 +58,7 @@ use serde::{Deserialize, Serialize};
 
 pub use disk::DB_CACHE_BYTES;
 use disk::Disk;
+pub use front::BYTES as FRONT_BYTES;
 pub use sharded::SHARDS;
 use sharded::Sharded;
 pub use value::MAX_TIER_NAMES;
@@ -356,6 +358,11 @@ pub struct PerKey {
     /// Set when entries are kept in Redis: every read and write goes there.
     sharded: OnceLock<Arc<Sharded>>,
     cache: Cache<CacheKey, Cached>,
+    /// This store's identity in the threads' [`front`] caches.
+    owner: u64,
+    /// Bumped after anything leaves `cache` (a front slot of an older
+    /// generation is not used).
+    generation: AtomicU64,
     /// The time to live given, if any.
     ttl: Option<Duration>,
     /// The time to live in use (`u64::MAX`: none).
@@ -399,6 +406,8 @@ impl PerKey {
             disk,
             sharded: OnceLock::new(),
             cache: Cache::new(cache.entries.max(1)),
+            owner: front::new_owner(),
+            generation: AtomicU64::new(0),
             ttl: cache.ttl,
             ttl_ms: AtomicU64::new(cache.ttl.map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))),
             opened: Instant::now(),
@@ -480,11 +489,14 @@ impl PerKey {
     /// to answer a miss (the files' rules apply then).
     pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
         let key = self.key_of(domain, entries)?;
-        let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key) };
+        let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key).map_or_else(|l| l, |c| c.limits) };
         let cache_key = CacheKey::new(&key);
         for _ in 0..2 {
             match self.cache.get_value_or_guard_async(&cache_key).await {
-                Ok(c) if self.fresh(&c) => return self.hit(c),
+                Ok(c) if self.fresh(&c) => {
+                    self.stats.hits.fetch_add(1, Relaxed);
+                    return c.limits;
+                }
                 Ok(_) => {
                     self.cache.remove(&cache_key);
                 }
@@ -523,13 +535,28 @@ impl PerKey {
             if !value::lookup_key_into(key, domain, entries) {
                 return Ok(None);
             }
-            if self.sharded.get().is_none() {
-                return Ok(self.lookup_disk(key));
+            // Taken before the shared cache is read (see `front`).
+            let generation = self.generation.load(Acquire);
+            if let Some(answer) = front::get(self.owner, generation, || self.now_ms(), key) {
+                self.stats.hits.fetch_add(1, Relaxed);
+                return Ok(answer);
             }
-            match self.cache.get(&CacheKey::new(key)) {
-                Some(c) if self.fresh(&c) => Ok(self.hit(c)),
-                _ => Err(()),
-            }
+            let c = if self.sharded.get().is_none() {
+                match self.lookup_disk(key) {
+                    Ok(c) => c,
+                    Err(limits) => return Ok(limits),
+                }
+            } else {
+                match self.cache.get(&CacheKey::new(key)) {
+                    Some(c) if self.fresh(&c) => {
+                        self.stats.hits.fetch_add(1, Relaxed);
+                        c
+                    }
+                    _ => return Err(()),
+                }
+            };
+            front::put(self.owner, generation, c.expires_ms, key, &c.limits);
+            Ok(c.limits)
         })
     }
 
@@ -557,33 +584,36 @@ impl PerKey {
         now.saturating_add(ttl - jitter)
     }
 
-    fn hit(&self, c: Cached) -> Option<Limits> {
-        self.stats.hits.fetch_add(1, Relaxed);
-        c.limits
-    }
-
-    /// A lookup on disk: the cache, then the database on this thread.
-    fn lookup_disk(&self, key: &str) -> Option<Limits> {
+    /// A lookup on disk: the cache, then the database on this thread. The
+    /// answer as cached, or `Err` with one that was not (a failed read, or
+    /// one that raced a write and was not kept).
+    fn lookup_disk(&self, key: &str) -> Result<Cached, Option<Limits>> {
         let cache_key = CacheKey::new(key);
         for _ in 0..2 {
             match self.cache.get_value_or_guard(&cache_key, None) {
-                GuardResult::Value(c) if self.fresh(&c) => return self.hit(c),
+                GuardResult::Value(c) if self.fresh(&c) => {
+                    self.stats.hits.fetch_add(1, Relaxed);
+                    return Ok(c);
+                }
                 GuardResult::Value(_) => {
                     // Past its time to live: read it again.
                     self.cache.remove(&cache_key);
                 }
                 GuardResult::Guard(g) => {
                     let expires_ms = self.expiry();
-                    let limits = self.read_disk(key).ok()?;
+                    let limits = self.read_disk(key).map_err(|_| None)?;
+                    let c = Cached { limits, expires_ms };
                     // Fails when a write removed the placeholder meanwhile:
                     // the next lookup reads the new entry.
-                    let _ = g.insert(Cached { limits: limits.clone(), expires_ms });
-                    return limits;
+                    return match g.insert(c.clone()) {
+                        Ok(()) => Ok(c),
+                        Err(_) => Err(c.limits),
+                    };
                 }
                 GuardResult::Timeout => break,
             }
         }
-        self.read_disk(key).ok().flatten()
+        Err(self.read_disk(key).ok().flatten())
     }
 
     /// Read one entry's limits from the database (a miss).
@@ -728,6 +758,7 @@ impl PerKey {
                 }
             }
         }
+        self.front_stale();
         if !new_domains.is_empty() {
             self.noticed.fetch_add(1, Relaxed);
             self.domains.rcu(|old| {
@@ -959,6 +990,7 @@ impl PerKey {
                 Ok(mut sub) => {
                     let n = self.stats.subscribed.fetch_add(1, Relaxed);
                     self.cache.clear();
+                    self.front_stale();
                     if n > 0 {
                         tracing::info!(
                             "per-key change notices from Redis resumed: the cache was dropped (changes meanwhile may have been missed)"
@@ -1037,6 +1069,7 @@ impl PerKey {
             None => {
                 tracing::warn!("a per-key change notice that does not parse: the cache is dropped");
                 self.cache.clear();
+                self.front_stale();
             }
         }
     }
@@ -1066,6 +1099,12 @@ impl PerKey {
         self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
         tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
         self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
+        self.front_stale();
+    }
+
+    /// After answers left the cache: every thread's front copies go too.
+    fn front_stale(&self) {
+        self.generation.fetch_add(1, Release);
     }
 
     /// Move entries of an older layout into the sharded one, once per

@@ -1,0 +1,56 @@
+//! What one per-key lookup costs on the deciding thread, against a
+//! database of `scripts/bench-perkey`'s entries (`bench`, `user=<i>`):
+//!
+//! * a miss: every lookup reads the database (a cache of one answer);
+//! * a shared-cache hit: keys spread over more than a thread's front holds;
+//! * a front hit: the same few keys again and again.
+//!
+//! ```text
+//! cargo run --release -p floodgate-server --example perkey_reads -- PATH/keys.redb [users, default 10000000]
+//! ```
+//!
+//! The database must not be open in a server meanwhile (redb takes a lock).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::time::Instant;
+
+use floodgate_server::rules::perkey::{CacheOptions, PerKey};
+
+/// A xorshift step: the keys' order, reproducible.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn run(what: &str, keys: &PerKey, users: u64, rounds: usize) {
+    let mut x = 0x2545_f491_4f6c_dd1d;
+    let names: Vec<String> = (0..200_000).map(|_| (next(&mut x) % users).to_string()).collect();
+    let mut found = 0usize;
+    for round in 0..rounds {
+        let t = Instant::now();
+        for n in &names {
+            found += usize::from(keys.get("bench", &[("user", n.as_str())]).is_some());
+        }
+        let ns = t.elapsed().as_nanos() as f64 / names.len() as f64;
+        println!("{what}, round {round}: {ns:.0} ns a lookup");
+    }
+    assert!(found > 0, "no entry found: is this a database of bench-perkey's entries?");
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(path) = args.next() else {
+        eprintln!("usage: perkey_reads PATH/keys.redb [users]");
+        std::process::exit(64);
+    };
+    let users: u64 = args.next().map_or(10_000_000, |u| u.parse().expect("users: a number"));
+    let misses = PerKey::open_with(&path, CacheOptions { entries: 1, ttl: None }).expect("open");
+    run("every lookup a miss (a database read)", &misses, users, 3);
+    drop(misses);
+    let hits = PerKey::open_with(&path, CacheOptions { entries: 1_000_000, ttl: None }).expect("open");
+    run("shared-cache hits (200 000 keys, the first round reads them)", &hits, users, 3);
+    run("front hits (1 000 keys)", &hits, 1_000, 3);
+}
