@@ -173,7 +173,12 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     let dir = TempDir::new("pk-lost");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
+    let notices = a.stats().notices.load(Relaxed);
     a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
+    // A's own write comes back as a notice, which drops the key again: wait
+    // for it, so that what is cached next stays (the notice once came after
+    // the lookup under load, and the lookup after it read the change below).
+    until(Duration::from_secs(5), "the write's own notice", async || a.stats().notices.load(Relaxed) > notices).await;
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // A change A never hears of (written behind its back, no notice, no
     // version bump): A's cache keeps the old answer...

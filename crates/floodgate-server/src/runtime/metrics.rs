@@ -340,6 +340,13 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
     );
     gauge(
         out,
+        "floodgate_key_notices_total",
+        "counter",
+        "Per-key change notices taken from Redis (each dropped its keys' cached answers).",
+        s.notices.load(Relaxed),
+    );
+    gauge(
+        out,
         "floodgate_key_missed_notices_total",
         "counter",
         "Per-key shards in Redis found changed with no change notice (their cached answers were dropped).",

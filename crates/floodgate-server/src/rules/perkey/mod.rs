@@ -316,6 +316,8 @@ pub struct KeyStats {
     pub subscribed: AtomicU64,
     /// Shards found changed with no notice (each dropped its answers).
     pub missed_notices: AtomicU64,
+    /// Change notices taken from Redis (each dropped its keys' answers).
+    pub notices: AtomicU64,
 }
 
 /// Rows of a listing (lookup key, value) and whether more follow.
@@ -1057,6 +1059,7 @@ impl PerKey {
         match parsed {
             Some((shard, version, keys)) => {
                 self.forget(keys.iter().map(String::as_str));
+                self.stats.notices.fetch_add(1, Relaxed);
                 if let Some(seen) = seen {
                     // Notices of one shard come in order (one node
                     // publishes them): a gap is a lost notice.
