@@ -27,7 +27,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{INLINE_KEY, Limits};
+use super::{CacheKey, INLINE_KEY, Limits};
 
 /// Slots per thread: a power of two. Zipf(1)'s top 8 192 of 10 million
 /// keys take 57% of its lookups.
@@ -49,13 +49,14 @@ struct Slot {
     owner: u64,
     generation: u64,
     expires_ms: u64,
-    len: u8,
-    key: [u8; INLINE_KEY],
+    /// Always inline (a refill allocates nothing).
+    key: CacheKey,
     limits: Option<Limits>,
 }
 
 impl Slot {
-    const EMPTY: Self = Self { owner: 0, generation: 0, expires_ms: 0, len: 0, key: [0; INLINE_KEY], limits: None };
+    const EMPTY: Self =
+        Self { owner: 0, generation: 0, expires_ms: 0, key: CacheKey::Inline(0, [0; INLINE_KEY]), limits: None };
 }
 
 thread_local! {
@@ -89,8 +90,7 @@ pub(super) fn get(owner: u64, generation: u64, now_ms: impl FnOnce() -> u64, key
         let slot = &front.as_ref()?[slot_of(key.as_bytes())];
         let hit = slot.owner == owner
             && slot.generation == generation
-            && usize::from(slot.len) == key.len()
-            && &slot.key[..key.len()] == key.as_bytes()
+            && slot.key.is(key)
             && (slot.expires_ms == u64::MAX || now_ms() < slot.expires_ms);
         hit.then(|| slot.limits.clone())
     })
@@ -99,7 +99,6 @@ pub(super) fn get(owner: u64, generation: u64, now_ms: impl FnOnce() -> u64, key
 /// Keep `limits` as this thread's answer for `key` of `owner`, read under
 /// `generation` (taken before the shared cache was read).
 pub(super) fn put(owner: u64, generation: u64, expires_ms: u64, key: &str, limits: &Option<Limits>) {
-    let Ok(len) = u8::try_from(key.len()) else { return };
     if key.len() > INLINE_KEY {
         return;
     }
@@ -109,8 +108,7 @@ pub(super) fn put(owner: u64, generation: u64, expires_ms: u64, key: &str, limit
         slot.owner = owner;
         slot.generation = generation;
         slot.expires_ms = expires_ms;
-        slot.len = len;
-        slot.key[..key.len()].copy_from_slice(key.as_bytes());
+        slot.key = CacheKey::new(key);
         slot.limits.clone_from(limits);
     });
 }

@@ -272,6 +272,14 @@ impl CacheKey {
         }
     }
 
+    /// Whether this is `key` (compared in place, no key built).
+    fn is(&self, key: &str) -> bool {
+        match self {
+            Self::Inline(n, bytes) => &bytes[..usize::from(*n)] == key.as_bytes(),
+            Self::Heap(s) => &**s == key,
+        }
+    }
+
     fn as_str(&self) -> &str {
         match self {
             // Copied from a `str` whole: always UTF-8.
