@@ -24,6 +24,7 @@ use std::task::{Context, Poll};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionAddr, RedisError};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -36,10 +37,16 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    pub(crate) async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd).await,
-            Self::Cluster(c) => c.req_packed_command(cmd).await,
+    /// `cmd`, on a cluster to its keys' node, or with `at` to the primary
+    /// serving that hash slot (a command without keys for one node: `SCAN`).
+    pub(crate) async fn query(&mut self, cmd: &redis::Cmd, at: Option<u16>) -> redis::RedisResult<redis::Value> {
+        match (self, at) {
+            (Self::Single(c), _) => c.req_packed_command(cmd).await,
+            (Self::Cluster(c), None) => c.req_packed_command(cmd).await,
+            (Self::Cluster(c), Some(slot)) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                c.route_command(cmd.clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))).await
+            }
         }
     }
 }

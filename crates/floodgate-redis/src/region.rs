@@ -96,12 +96,12 @@ impl RedisStore {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
-    async fn op(&self, keys: &[&str], args: &[String]) -> Result<redis::Value, StoreError> {
+    async fn op(&self, keys: &[String], args: &[String]) -> Result<redis::Value, StoreError> {
         let build = |eval: bool| {
             let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
             cmd.arg(if eval { SOURCE.as_str() } else { SHA.as_str() }).arg(keys.len());
             for k in keys {
-                cmd.arg(*k);
+                cmd.arg(k.as_str());
             }
             for a in args {
                 cmd.arg(a.as_str());
@@ -110,6 +110,27 @@ impl RedisStore {
         };
         let eval = || build(true);
         self.script_call(&build(false), &eval).await
+    }
+
+    /// One script call per `(keys, args)`, their replies in the same order.
+    /// On a cluster (a call per hash slot) they run at once, pipelined on
+    /// the cluster's connections; the first failure fails them all (each
+    /// call is idempotent: a merge by maximum, a read, an acknowledgement).
+    async fn ops(&self, calls: Vec<(Vec<String>, Vec<String>)>) -> Result<Vec<redis::Value>, StoreError> {
+        if let [(keys, args)] = &calls[..] {
+            return Ok(vec![self.op(keys, args).await?]);
+        }
+        let mut out = vec![redis::Value::Nil; calls.len()];
+        let mut running = tokio::task::JoinSet::new();
+        for (i, (keys, args)) in calls.into_iter().enumerate() {
+            let store = self.clone();
+            running.spawn(async move { (i, store.op(&keys, &args).await) });
+        }
+        while let Some(done) = running.join_next().await {
+            let (i, v) = done.map_err(|e| StoreError::Unavailable(format!("a region script call ended: {e}")))?;
+            out[i] = v?;
+        }
+        Ok(out)
     }
 
     /// Store a peer's batch: each component merged by maximum (GCRA
@@ -123,9 +144,9 @@ impl RedisStore {
         now: Option<u64>,
     ) -> Result<MergeStats, StoreError> {
         let bases: Vec<String> = batch.items.iter().map(|i| self.base(&i.key)).collect();
-        let mut stats = MergeStats::default();
+        let mut calls = Vec::new();
         for group in self.by_slot(&bases) {
-            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
+            let keys: Vec<String> = group.iter().map(|&i| bases[i].clone()).collect();
             let mut args = vec![
                 "merge".to_owned(),
                 now.map_or_else(String::new, |n| n.to_string()),
@@ -145,7 +166,11 @@ impl RedisStore {
                     args.extend([region, c.incarnation.to_string(), c.slot.to_string(), c.count.to_string()]);
                 }
             }
-            let v: Vec<u64> = redis::FromRedisValue::from_redis_value(self.op(&keys, &args).await?)
+            calls.push((keys, args));
+        }
+        let mut stats = MergeStats::default();
+        for reply in self.ops(calls).await? {
+            let v: Vec<u64> = redis::FromRedisValue::from_redis_value(reply)
                 .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
             if let [m, u, s, x] = v[..] {
                 stats.merged += m;
@@ -172,20 +197,22 @@ impl RedisStore {
     ) -> Result<Vec<Option<Item>>, StoreError> {
         let bases: Vec<String> = keys.iter().map(|k| self.base(k)).collect();
         let mut out: Vec<Option<Item>> = vec![None; keys.len()];
-        for group in self.by_slot(&bases) {
-            let gk: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
-            let args = vec![
-                "read".to_owned(),
-                now.map_or_else(String::new, |n| n.to_string()),
-                if full { "1" } else { "0" }.to_owned(),
-            ];
-            let v: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(self.op(&gk, &args).await?)
+        let groups = self.by_slot(&bases);
+        let args = vec![
+            "read".to_owned(),
+            now.map_or_else(String::new, |n| n.to_string()),
+            if full { "1" } else { "0" }.to_owned(),
+        ];
+        let calls = groups.iter().map(|g| (g.iter().map(|&i| bases[i].clone()).collect(), args.clone())).collect();
+        let replies = self.ops(calls).await?;
+        for (group, reply) in groups.iter().zip(replies) {
+            let v: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(reply)
                 .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
             let text =
                 |x: &redis::Value| -> String { redis::FromRedisValue::from_redis_value(x.clone()).unwrap_or_default() };
             let num = |x: &redis::Value| -> u64 { text(x).parse().unwrap_or(0) };
             let mut at = 0;
-            for &i in &group {
+            for &i in group {
                 let head =
                     v.get(at..at + 5).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
                 let (fp, kind, u, h, n) = (num(&head[0]), num(&head[1]), num(&head[2]), num(&head[3]), num(&head[4]));
@@ -226,8 +253,9 @@ impl RedisStore {
         now: Option<u64>,
     ) -> Result<(), StoreError> {
         let bases: Vec<String> = acked.iter().map(|(k, _)| self.base(k)).collect();
+        let mut calls = Vec::new();
         for group in self.by_slot(&bases) {
-            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
+            let keys: Vec<String> = group.iter().map(|&i| bases[i].clone()).collect();
             let mut args = vec!["ack".to_owned(), now.map_or_else(String::new, |n| n.to_string()), peer.to_string()];
             for &i in &group {
                 let slots = &acked[i].1;
@@ -236,8 +264,9 @@ impl RedisStore {
                     args.extend([s.to_string(), c.to_string()]);
                 }
             }
-            self.op(&keys, &args).await?;
+            calls.push((keys, args));
         }
+        self.ops(calls).await?;
         Ok(())
     }
 }

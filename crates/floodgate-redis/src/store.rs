@@ -314,6 +314,7 @@ impl RedisStore {
         cmd: &redis::Cmd,
         eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
         slot: &ConnSlot,
+        at: Option<u16>,
     ) -> (Option<Live>, redis::RedisResult<redis::Value>) {
         let mut resent = false;
         loop {
@@ -323,10 +324,10 @@ impl RedisStore {
             };
             let before = live.written();
             let mut c = live.conn.clone();
-            let r = match c.query(cmd).await.and_then(redis::Value::extract_error) {
+            let r = match c.query(cmd, at).await.and_then(redis::Value::extract_error) {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
                     // A restarted (or new) server: EVAL loads the script.
-                    Some(eval) => c.query(&eval()).await.and_then(redis::Value::extract_error),
+                    Some(eval) => c.query(&eval(), at).await.and_then(redis::Value::extract_error),
                     None => Err(e),
                 },
                 r => r,
@@ -348,7 +349,8 @@ impl RedisStore {
     /// it carries the whole script).
     /// `gated`: ask the breaker first (a batch does not: each of its
     /// requests asked when it was queued). `deadline`: when to give up
-    /// (`None`: the configured timeout from now).
+    /// (`None`: the configured timeout from now). `at`: on a cluster, the
+    /// primary of this hash slot instead of the command's keys' (`SCAN`).
     async fn call(
         &self,
         cmd: &redis::Cmd,
@@ -356,6 +358,7 @@ impl RedisStore {
         gated: bool,
         deadline: Option<tokio::time::Instant>,
         slot: &ConnSlot,
+        at: Option<u16>,
     ) -> Result<redis::Value, CallError> {
         let i = &self.inner;
         if gated && !self.permit() {
@@ -364,7 +367,7 @@ impl RedisStore {
         i.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + i.config.timeout);
         // The connection used, once known: a timeout drops the slot's.
-        let (used, result) = match tokio::time::timeout_at(deadline, self.send(cmd, eval, slot)).await {
+        let (used, result) = match tokio::time::timeout_at(deadline, self.send(cmd, eval, slot, at)).await {
             Ok((used, Ok(v))) => (used, Ok(v)),
             Ok((used, Err(e))) => (used, Err(CallError::Redis(e))),
             Err(_) => (None, Err(CallError::Timeout)),
@@ -398,7 +401,7 @@ impl RedisStore {
         cmd: &redis::Cmd,
         eval: &(dyn Fn() -> redis::Cmd + Sync),
     ) -> Result<redis::Value, StoreError> {
-        self.call(cmd, Some(eval), true, None, &self.inner.conn)
+        self.call(cmd, Some(eval), true, None, &self.inner.conn, None)
             .await
             .map_err(|e| e.store_error(self.inner.config.timeout))
     }
@@ -414,7 +417,88 @@ impl RedisStore {
     /// connection of its own.
     pub async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        self.call(cmd, None, true, Some(deadline), &self.inner.bulk).await.map_err(|e| e.store_error(timeout))
+        self.call(cmd, None, true, Some(deadline), &self.inner.bulk, None).await.map_err(|e| e.store_error(timeout))
+    }
+
+    /// Every key matching `pattern` (`SCAN … MATCH`, 1 000 a call), each
+    /// call through the breaker, bounded by `timeout`, on the bulk
+    /// connection; each key once. As with `SCAN` itself, a key that exists
+    /// throughout is given, one written meanwhile may not be.
+    ///
+    /// On a cluster: one `SCAN` walk per primary, each routed by a slot it
+    /// serves as `CLUSTER SLOTS` lists them. When the listing differs after
+    /// the walks (a slot moved, a replica took over), a key may have moved
+    /// past a walk: the walks run again, up to three times in all; a
+    /// cluster still changing after that gives what the last walks found.
+    pub async fn scan(&self, pattern: &str, timeout: Duration) -> Result<Vec<String>, StoreError> {
+        if let Target::Single(_) = self.inner.config.target {
+            return Ok(self.scan_node(pattern, None, timeout).await?.into_iter().collect());
+        }
+        let mut before = self.topology(timeout).await?;
+        let mut keys = std::collections::HashSet::new();
+        for _ in 0..3 {
+            keys.clear();
+            // One walk per primary, routed by the first slot it serves.
+            let mut walked: Vec<&redis::Value> = Vec::new();
+            for (first, _, primary) in &before {
+                if walked.contains(&primary) {
+                    continue;
+                }
+                walked.push(primary);
+                keys.extend(self.scan_node(pattern, Some(*first), timeout).await?);
+            }
+            let after = self.topology(timeout).await?;
+            if after == before {
+                break;
+            }
+            before = after;
+        }
+        Ok(keys.into_iter().collect())
+    }
+
+    /// One `SCAN` walk: of the server, or of the primary serving slot `at`.
+    async fn scan_node(&self, pattern: &str, at: Option<u16>, timeout: Duration) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(&cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+            let deadline = tokio::time::Instant::now() + timeout;
+            let v = self
+                .call(&scan, None, true, Some(deadline), &self.inner.bulk, at)
+                .await
+                .map_err(|e| e.store_error(timeout))?;
+            let (next, found): (String, Vec<String>) = redis::FromRedisValue::from_redis_value(v)
+                .map_err(|e| StoreError::Unavailable(format!("Redis: a SCAN reply: {e}")))?;
+            keys.extend(found);
+            if next == "0" {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The cluster's slot ranges as `CLUSTER SLOTS` gives them, ordered:
+    /// `(first slot, last slot, primary's address and id)`.
+    async fn topology(&self, timeout: Duration) -> Result<Vec<(u16, u16, redis::Value)>, StoreError> {
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let v = self.bulk(&slots, timeout).await?;
+        let bad = |what: &str| StoreError::Unavailable(format!("Redis: a CLUSTER SLOTS reply {what}"));
+        let redis::Value::Array(ranges) = v else { return Err(bad("that is not an array")) };
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let redis::Value::Array(f) = r else { return Err(bad("with a range that is not an array")) };
+            let (Some(redis::Value::Int(first)), Some(redis::Value::Int(last)), Some(redis::Value::Array(primary))) =
+                (f.first(), f.get(1), f.get(2))
+            else {
+                return Err(bad("with a range without its slots and primary"));
+            };
+            let slot = |n: &i64| u16::try_from(*n).map_err(|_| bad("with a slot beyond 16383"));
+            out.push((slot(first)?, slot(last)?, redis::Value::Array(primary.iter().take(3).cloned().collect())));
+        }
+        out.sort_by_key(|r| r.0);
+        Ok(out)
     }
 
     /// How this store decides `global` checks, when it is a region's.
@@ -431,7 +515,9 @@ impl RedisStore {
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
     pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
-        self.call(cmd, None, true, None, &self.inner.conn).await.map_err(|e| e.store_error(self.inner.config.timeout))
+        self.call(cmd, None, true, None, &self.inner.conn, None)
+            .await
+            .map_err(|e| e.store_error(self.inner.config.timeout))
     }
 
     /// A call failed for want of Redis. When that opens the breaker, every
@@ -490,7 +576,7 @@ impl RedisStore {
     ) -> Result<Vec<i64>, CallError> {
         let cmd = script::command(false, requests, op);
         let eval = || script::command(true, requests, op);
-        let value = self.call(&cmd, Some(&eval), gated, deadline, slot).await?;
+        let value = self.call(&cmd, Some(&eval), gated, deadline, slot, None).await?;
         redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))
     }
 
@@ -849,7 +935,7 @@ impl Store for RedisStore {
         // A ping probes even through an open breaker: readiness must see
         // Redis come back.
         let ping = redis::cmd("PING");
-        let attempt = self.send(&ping, None, &self.inner.conn);
+        let attempt = self.send(&ping, None, &self.inner.conn, None);
         match tokio::time::timeout(t, attempt).await {
             Ok((_, Ok(_))) => {
                 self.inner.breaker.success();

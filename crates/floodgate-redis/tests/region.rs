@@ -174,3 +174,36 @@ fn a_redis_region_decides_as_a_memory_region() {
         })
         .unwrap();
 }
+
+/// A full state transfer lists every key: on a cluster, every primary's,
+/// before and after a slot moves between primaries.
+#[test]
+fn a_scan_lists_every_primarys_keys() {
+    use floodgate_redis::testing::RedisCluster;
+    let cluster = RedisCluster::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&cluster.url());
+    let written: std::collections::BTreeSet<String> = (0..300).map(|i| format!("scan-test:{i}")).collect();
+    rt.block_on(async {
+        for k in &written {
+            let mut set = redis::cmd("SET");
+            set.arg(k).arg(1);
+            redis.raw(&set).await.unwrap();
+        }
+    });
+    let primaries: Vec<usize> = (0..6).filter(|&i| cluster.nodes[i].cli(&["ROLE"]).starts_with("master")).collect();
+    assert_eq!(primaries.len(), 3);
+    for &p in &primaries {
+        assert_ne!(cluster.nodes[p].cli(&["DBSIZE"]).trim(), "0", "primary {p} holds some of the keys");
+    }
+    let listed = |pattern: &str| -> std::collections::BTreeSet<String> {
+        rt.block_on(redis.scan(pattern, Duration::from_secs(2))).unwrap().into_iter().collect()
+    };
+    assert_eq!(listed("scan-test:*"), written);
+    assert!(listed("nothing-matches:*").is_empty());
+    let moved = "scan-test:7";
+    let from = cluster.primary_of(moved);
+    let to = *primaries.iter().find(|&&p| p != from).unwrap();
+    cluster.migrate_slot_of(moved, to);
+    assert_eq!(listed("scan-test:*"), written, "after a slot moved");
+}

@@ -306,16 +306,13 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             ServerStore::Regional(memory(config.max_keys), table, Arc::new(regions))
         }
         (Some(redis), Some(r)) => {
-            if matches!(redis.target, floodgate_redis::Target::Cluster(_)) {
-                return Err(ServeError::Config(format!(
-                    "--region with --store {}: a region on a Redis Cluster is not supported yet; use one Redis server (redis://) per region, or the memory store",
-                    redis.target
-                )));
-            }
             let store = RedisStore::new(redis.clone())
                 .map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?;
             let regions = Regions::redis(r.clone(), store.clone()).map_err(ServeError::Config)?;
-            log_region(r, "redis");
+            log_region(
+                r,
+                if matches!(redis.target, floodgate_redis::Target::Cluster(_)) { "redis cluster" } else { "redis" },
+            );
             let RegionState::Redis(region) = regions.state.clone() else {
                 return Err(ServeError::Config("a Redis region has a Redis state".into()));
             };

@@ -34,6 +34,8 @@ const MAX_QUEUE: usize = 1 << 20;
 /// Items read for another peer's batch that a peer takes as its own, at
 /// most (beyond, it reads its keys itself).
 const MAX_SHARED: usize = 4 * BATCH_ITEMS;
+/// Each `SCAN` call of a full state transfer's listing, at most.
+const SCAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct InFlight {
     seq: u64,
@@ -96,6 +98,8 @@ pub struct RedisRegion {
     last_state_us: AtomicU64,
     /// What this instance's merges did (`keys` stays 0: they are in Redis).
     merges: Mutex<TableStats>,
+    /// Whether the last listing of the keys failed (logged once a streak).
+    listing_failed: AtomicBool,
     clock: SystemClock,
 }
 
@@ -126,6 +130,7 @@ impl RedisRegion {
             ack_timeout_us: 2_000_000,
             last_state_us: AtomicU64::new(0),
             merges: Mutex::new(TableStats::default()),
+            listing_failed: AtomicBool::new(false),
             clock: SystemClock::new(),
         }
     }
@@ -227,33 +232,43 @@ impl RedisRegion {
     }
 
     /// Every key of the region's global limits in Redis (for a full state
-    /// transfer): `SCAN` for their `:g:m` keys (one Redis server).
-    async fn all_keys(&self) -> Vec<String> {
+    /// transfer): their `:g:m` keys, from every primary of a cluster.
+    /// `None` while Redis fails (the transfer is started again later).
+    async fn all_keys(&self) -> Option<Vec<String>> {
         let prefix = &self.store.config().key_prefix;
-        let mut keys = Vec::new();
-        let mut cursor = "0".to_owned();
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(&cursor).arg("MATCH").arg(format!("{prefix}*:g:m")).arg("COUNT").arg(1000);
-            let Ok(v) = self.store.raw(&scan).await else { break };
-            let Ok((next, found)): Result<(String, Vec<String>), _> = redis::FromRedisValue::from_redis_value(v) else {
-                break;
-            };
-            for k in found {
-                // <prefix>{tag}rest:g:m -> tag + rest
-                if let Some(body) = k.strip_prefix(prefix.as_str()).and_then(|b| b.strip_suffix(":g:m"))
-                    && let Some(open) = body.strip_prefix('{')
-                    && let Some(close) = open.find('}')
-                {
-                    keys.push(format!("{}{}", &open[..close], &open[close + 1..]));
+        let pattern = format!("{prefix}*:g:m");
+        let found = match self.store.scan(&pattern, SCAN_TIMEOUT).await {
+            Ok(found) => {
+                self.listing_failed.store(false, Ordering::Relaxed);
+                found
+            }
+            Err(e) => {
+                if !self.listing_failed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(region = %self.name, error = %e, "cannot list the region's global keys in Redis for a peer's full state; trying again every interval");
                 }
+                return None;
             }
-            if next == "0" {
-                break;
-            }
-            cursor = next;
+        };
+        let keys = found
+            .into_iter()
+            .filter_map(|k| {
+                // <prefix>{tag}rest:g:m -> tag + rest
+                let body = k.strip_prefix(prefix.as_str())?.strip_suffix(":g:m")?;
+                let open = body.strip_prefix('{')?;
+                let close = open.find('}')?;
+                Some(format!("{}{}", &open[..close], &open[close + 1..]))
+            })
+            .collect();
+        Some(keys)
+    }
+
+    /// Start a full state transfer to peer `p` (incarnation `incarnation`),
+    /// or when Redis cannot list the keys now, on a later batch.
+    async fn full_state(&self, p: usize, incarnation: u64) {
+        match self.all_keys().await {
+            Some(keys) => self.start_full(p, incarnation, keys),
+            None => lock(&self.links[p]).overflowed = true,
         }
-        keys
     }
 
     fn start_full(&self, p: usize, incarnation: u64, keys: Vec<String>) {
@@ -385,8 +400,7 @@ impl floodgate_sync::Region for RedisRegion {
         let overflowed = std::mem::take(&mut lock(&self.links[p]).overflowed);
         if overflowed {
             let inc = lock(&self.links[p]).known_incarnation.unwrap_or(0);
-            let keys = self.all_keys().await;
-            self.start_full(p, inc, keys);
+            self.full_state(p, inc).await;
         }
         let (keys, shared, full, complete, to_incarnation) = {
             let mut l = lock(&self.links[p]);
@@ -533,8 +547,7 @@ impl floodgate_sync::Region for RedisRegion {
             let _ = self.store.ack_global(p, &f.acked, None).await;
         }
         if restart {
-            let keys = self.all_keys().await;
-            self.start_full(p, ack.incarnation, keys);
+            self.full_state(p, ack.incarnation).await;
         }
     }
 
