@@ -369,7 +369,7 @@ pub(crate) struct RegionSimArgs {
     #[arg(long, requires = "regions")]
     pub(crate) split: Option<String>,
     /// steady, burst, round-robin, shift, partition, tiny, heavy,
-    /// many-keys, restart or skew.
+    /// many-keys, restart, skew or trickle.
     #[arg(long, default_value = "steady", requires = "regions")]
     pub(crate) pattern: String,
     /// Offered load, in limits per window.

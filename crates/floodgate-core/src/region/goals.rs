@@ -151,6 +151,23 @@ fn goal_row(mode: SyncMode, algorithm: Algorithm, secs: u64, pattern: Pattern, l
                 fail("rate not back to 90% within 5 rounds".into());
             }
         }
+    } else if pattern == Pattern::Trickle {
+        // Lazy sync's worst case: what the second region cannot know when
+        // it takes everything is the first region's trickle over the
+        // staleness (interval, latency, jitter), plus the hits that wait
+        // for the lazy period: below 1% of the limit.
+        let s = spec(1);
+        let w = s.limit.window_us() as f64;
+        let rate = (limit * 8 / 100).max(1) as f64 / (w / 2.0);
+        let stale = (s.interval_us + s.wan.latency_us[1][0] + s.wan.jitter_us) as f64;
+        let bound = 1.25 * rate * stale + 0.01 * limit as f64;
+        row.over_bound = Some(bound);
+        if worst_over as f64 > bound {
+            fail(format!("over-admission {worst_over} above {bound:.1}"));
+        }
+        if false_denials > 0.01 {
+            fail(format!("false denials {:.2}% above 1%", 100.0 * false_denials));
+        }
     } else if pattern == Pattern::Steady {
         // The eventual goals, in the setting.
         let s = reports.iter().map(|r| r.staleness).fold(0.0, f64::max);

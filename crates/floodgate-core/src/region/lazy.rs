@@ -8,15 +8,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// Whether `unsent` own hits of a key with `remaining` left may wait for
-/// the lazy period. Over-admission can only happen at the limit: hits not
-/// yet sent that are less than this region's share of what is left,
-/// `remaining / (2 × regions)`, cannot bring any region past the limit
-/// however late they arrive. (Bounded rules, warming regions and failing
-/// links send at once whatever this says.)
+/// the lazy period: while they are below `remaining / (100 × regions)`.
+///
+/// Hits nobody else knows of yet are what a region can over-admit by: a
+/// peer may meanwhile hand out everything it sees as left. Beyond the
+/// staleness every eventual rule has (a sync interval and the latency),
+/// the hits waiting in all regions together are then below 1% of what is
+/// left, however late they arrive, and that is all lazy sync can add to
+/// over-admission. (Bounded rules, warming regions and failing links send
+/// at once whatever this says.)
 pub fn can_wait(unsent: u64, remaining: u64, regions: usize) -> bool {
     let regions = u128::try_from(regions).unwrap_or(u128::MAX);
-    u128::from(unsent).saturating_mul(2).saturating_mul(regions) < u128::from(remaining)
+    u128::from(unsent).saturating_mul(LAZY_SHARE).saturating_mul(regions) < u128::from(remaining)
 }
+
+/// Lazy hits stay below `remaining / (LAZY_SHARE × regions)` in each region.
+const LAZY_SHARE: u128 = 100;
 
 /// Keys waiting out the lazy period, oldest first, and the links whose
 /// last batch failed: while any do, nothing waits (a healed link then
@@ -80,9 +87,11 @@ mod tests {
 
     #[test]
     fn hits_wait_below_their_share_of_what_is_left() {
-        // 3 regions: a share is remaining / 6.
-        assert!(can_wait(16, 100, 3));
-        assert!(!can_wait(17, 100, 3));
+        // 3 regions: a share is remaining / 300.
+        assert!(can_wait(3, 1_000, 3));
+        assert!(!can_wait(4, 1_000, 3));
+        assert!(!can_wait(1, 300, 3));
+        assert!(can_wait(1, 301, 3));
         assert!(!can_wait(0, 0, 3));
         assert!(!can_wait(u64::MAX, u64::MAX, usize::MAX));
     }

@@ -116,11 +116,17 @@ pub enum Pattern {
     Restart,
     /// Region clocks skewed by -200 ms, 0 and +200 ms (and so on).
     Skew,
+    /// Lazy sync's worst case: in every window but the first (the regions
+    /// warm up in it), the first region trickles 8% of the limit over the
+    /// first half, little enough for its hits to wait for the lazy period,
+    /// then the second region asks for the whole limit at once; the first
+    /// region's waiting hits are all it can over-admit by beyond staleness.
+    Trickle,
 }
 
 impl Pattern {
     /// Every pattern, in report order.
-    pub const ALL: [Pattern; 10] = [
+    pub const ALL: [Pattern; 11] = [
         Pattern::Steady,
         Pattern::Burst,
         Pattern::RoundRobin,
@@ -131,6 +137,7 @@ impl Pattern {
         Pattern::ManyKeys,
         Pattern::Restart,
         Pattern::Skew,
+        Pattern::Trickle,
     ];
 
     /// The pattern's name.
@@ -146,6 +153,7 @@ impl Pattern {
             Pattern::ManyKeys => "many-keys",
             Pattern::Restart => "restart",
             Pattern::Skew => "skew",
+            Pattern::Trickle => "trickle",
         }
     }
 
@@ -311,6 +319,21 @@ impl Spec {
                                 out.push(Req { at_us: at, region: r, key: k, hits: 1 });
                                 let _ = i;
                             }
+                        }
+                    }
+                }
+            }
+            Pattern::Trickle => {
+                let trickle = (limit * 8 / 100).max(1);
+                for win in 1..self.windows.max(2) {
+                    for k in 0..keys {
+                        for i in 0..trickle {
+                            let at = win * w + (i * w / 2 + w / 4) / trickle;
+                            out.push(Req { at_us: at, region: 0, key: k, hits: 1 });
+                        }
+                        for _ in 0..limit {
+                            let at = win * w + w / 2 + rng.below(1_000).min(w / 2 - 1);
+                            out.push(Req { at_us: at, region: 1.min(n - 1), key: k, hits: 1 });
                         }
                     }
                 }
