@@ -211,6 +211,7 @@ fn regions_config(args: &CommonArgs) -> Result<Option<RegionsConfig>, Failure> {
         sync_addr,
         interval: duration("sync-interval", &args.sync_interval)?,
         timeout: duration("sync-timeout", &args.sync_timeout)?,
+        lazy: duration("sync-lazy", &args.sync_lazy)?,
         token: args.sync_token.clone(),
     }))
 }

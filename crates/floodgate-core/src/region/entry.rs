@@ -7,10 +7,12 @@ use crate::region::{SyncMode, slice};
 use crate::state::Inner;
 use crate::{Algorithm, Decision, Limit, State};
 
-/// The rule a region decides a key with (from its own rules).
+/// The rule a region decides a key with (from its own rules). The limit is
+/// shared by every key of the rule (a `Limit` is 128 bytes; a key's whole
+/// entry is about that without it).
 #[derive(Debug, Clone)]
 pub(crate) struct RuleMeta {
-    pub(crate) limit: Limit,
+    pub(crate) limit: std::sync::Arc<Limit>,
     pub(crate) mode: SyncMode,
     pub(crate) fingerprint: u64,
 }
@@ -142,7 +144,15 @@ pub(crate) struct Caps {
 impl Entry {
     /// The rule to decide with (resets the counts when its shape changed:
     /// a changed limit starts fresh, as anywhere else).
-    pub(crate) fn set_rule(&mut self, limit: &Limit, mode: SyncMode, shape: Shape, peers: usize) {
+    /// `shared` gives the copy of `limit` every key of the rule shares.
+    pub(crate) fn set_rule(
+        &mut self,
+        limit: &Limit,
+        mode: SyncMode,
+        shape: Shape,
+        peers: usize,
+        shared: impl FnOnce() -> std::sync::Arc<Limit>,
+    ) {
         let fingerprint = fingerprint(limit, mode);
         if self.rule.as_ref().is_some_and(|r| r.fingerprint == fingerprint) {
             return;
@@ -153,7 +163,7 @@ impl Entry {
             self.pending = 0;
         }
         self.shape = Some(shape);
-        self.rule = Some(RuleMeta { limit: limit.clone(), mode, fingerprint });
+        self.rule = Some(RuleMeta { limit: shared(), mode, fingerprint });
         if matches!(mode, SyncMode::Bounded { .. }) {
             // Now bounded: slots kept from an eventual rule had no
             // acknowledgements; count all their hits as unacknowledged.

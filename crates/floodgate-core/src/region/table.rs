@@ -198,6 +198,8 @@ pub struct GlobalTable {
     /// Keys whose own hits wait for the lazy period, and failing links.
     lazy: Lazy<Arc<str>>,
     warming: AtomicBool,
+    /// The limits entries share (see [`GlobalTable::shared`]).
+    limits: Mutex<std::collections::HashSet<Arc<Limit>>>,
     merges: AtomicU64,
     unchanged: AtomicU64,
     stale: AtomicU64,
@@ -277,6 +279,7 @@ impl GlobalTable {
             hasher: foldhash::fast::RandomState::default(),
             links,
             lazy: Lazy::new(cfg.lazy_us),
+            limits: Mutex::new(std::collections::HashSet::new()),
             cfg,
             merges: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
@@ -341,7 +344,7 @@ impl GlobalTable {
         let caps = self.caps();
         let mut shard = lock(self.shard(key));
         let decide = |entry: &mut Entry| {
-            entry.set_rule(limit, mode, shape, peers);
+            entry.set_rule(limit, mode, shape, peers, || self.shared(limit));
             let (d, send) = entry.decide(limit, now, hits, peers, caps);
             match send {
                 Send::Now => self.queue_for_peers(entry),
@@ -374,6 +377,21 @@ impl GlobalTable {
         {
             self.queue_for_peers(e);
         }
+    }
+
+    /// The one copy of `limit` its keys' entries share. Copies no entry
+    /// holds any more (rules reloaded since) are dropped as new ones come.
+    fn shared(&self, limit: &Limit) -> Arc<Limit> {
+        let mut limits = lock(&self.limits);
+        if let Some(l) = limits.get(limit) {
+            return l.clone();
+        }
+        if limits.len() >= 1_024 {
+            limits.retain(|l| Arc::strong_count(l) > 1);
+        }
+        let l = Arc::new(limit.clone());
+        limits.insert(l.clone());
+        l
     }
 
     /// Queue `entry`'s key for every peer it is not queued for yet (under

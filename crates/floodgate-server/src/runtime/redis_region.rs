@@ -111,8 +111,16 @@ impl std::fmt::Debug for RedisRegion {
 
 impl RedisRegion {
     /// This instance's side of region `name` with `peers`, over `store`
-    /// (made a region's store here).
-    pub fn new(name: String, peers: Vec<String>, store: RedisStore, interval_us: u64, retry_us: u64) -> Self {
+    /// (made a region's store here); a key far below its limit waits up to
+    /// `lazy_us` before it is sent.
+    pub fn new(
+        name: String,
+        peers: Vec<String>,
+        store: RedisStore,
+        interval_us: u64,
+        retry_us: u64,
+        lazy_us: u64,
+    ) -> Self {
         let warming = Arc::new(AtomicBool::new(!peers.is_empty()));
         store.set_region(RegionCtx { regions: peers.len() + 1, warming: warming.clone(), retry_us });
         Self {
@@ -125,7 +133,7 @@ impl RedisRegion {
             warming,
             seq: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
-            lazy: Lazy::new(10 * interval_us),
+            lazy: Lazy::new(lazy_us),
             interval_us,
             ack_timeout_us: 2_000_000,
             last_state_us: AtomicU64::new(0),

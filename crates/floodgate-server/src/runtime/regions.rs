@@ -32,6 +32,9 @@ pub struct RegionsConfig {
     pub interval: Duration,
     /// The longest a sync call may take (`--sync-timeout`, default 1 s).
     pub timeout: Duration,
+    /// The longest a key far below its limit waits before it is sent
+    /// (`--sync-lazy`, default 1 s; zero: never waits).
+    pub lazy: Duration,
     /// The token every sync call carries and requires (`--sync-token`).
     pub token: Option<String>,
 }
@@ -95,7 +98,7 @@ impl Regions {
         let mut cfg = RegionConfig::new(config.region.clone(), names, incarnation());
         cfg.interval_us = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
         cfg.retry_hint_us = 2 * cfg.interval_us;
-        cfg.lazy_us = 10 * cfg.interval_us;
+        cfg.lazy_us = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
         cfg.ack_timeout_us = cfg.ack_timeout_us.max(2 * u64::try_from(config.timeout.as_micros()).unwrap_or(0));
         let table = GlobalTable::new(cfg).map_err(|e| format!("--region/--peers: {e}"))?;
         let link = floodgate_sync::LinkConfig {
@@ -113,7 +116,8 @@ impl Regions {
         Self::new(config.clone())?;
         let names: Vec<String> = config.peers.iter().map(|p| p.name.clone()).collect();
         let interval = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
-        let region = RedisRegion::new(config.region.clone(), names, store, interval, 2 * interval);
+        let lazy = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
+        let region = RedisRegion::new(config.region.clone(), names, store, interval, 2 * interval, lazy);
         let stats = Arc::new(SyncStats::new(config.peers.len()));
         Ok(Self { config, state: RegionState::Redis(Arc::new(region)), stats })
     }
