@@ -208,6 +208,12 @@ impl Entry {
         let i = match self.slots.binary_search_by_key(&id, |s| s.id) {
             Ok(i) => i,
             Err(i) => {
+                if self.slots.capacity() == 0 {
+                    // As many as count at once (a fixed window's one, not
+                    // the four a first push would make room for).
+                    let horizon = self.shape.map_or(1, |s| s.horizon());
+                    self.slots.reserve_exact(usize::try_from(horizon).unwrap_or(1).clamp(1, 64));
+                }
                 self.slots.insert(i, Slot::new(id, peers, acks));
                 i
             }
