@@ -243,7 +243,12 @@ async fn a_change_whose_notice_was_lost_is_caught_by_the_shards_versions() {
     let dir = TempDir::new("pk-versions");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
+    let notices = a.stats().notices.load(Relaxed);
     a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
+    // The write's own notice first (under load it can come after the
+    // lookup, drop the answer, and the change below would then be read
+    // without the version read this test is about).
+    until(Duration::from_secs(5), "the write's own notice", async || a.stats().notices.load(Relaxed) > notices).await;
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // Its notice never came, but the shard's version moved: within a few
     // version reads (every second) the answer is read again.

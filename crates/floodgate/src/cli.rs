@@ -217,9 +217,10 @@ pub(crate) struct CommonArgs {
     pub(crate) sync_timeout: String,
     /// The longest a key far below its limit waits before its usage is
     /// sent (its unsent hits below 1% of what is left, over the regions);
-    /// 0s sends every key at the next interval.
-    #[arg(long, env = "FLOODGATE_SYNC_LAZY", default_value = "1s")]
-    pub(crate) sync_lazy: String,
+    /// 0s sends every key at the next interval. Default: ten
+    /// --sync-interval.
+    #[arg(long, env = "FLOODGATE_SYNC_LAZY")]
+    pub(crate) sync_lazy: Option<String>,
     /// The bearer token every region's sync service requires (the same in
     /// every region).
     #[arg(long, env = "FLOODGATE_SYNC_TOKEN", hide_env_values = true)]

@@ -205,13 +205,18 @@ fn regions_config(args: &CommonArgs) -> Result<Option<RegionsConfig>, Failure> {
             "the sync address {sync_addr} is not loopback and no --sync-token is set: set one (FLOODGATE_SYNC_TOKEN, the same in every region) or bind it to 127.0.0.1"
         )));
     }
+    let interval = duration("sync-interval", &args.sync_interval)?;
     Ok(Some(RegionsConfig {
         region,
         peers,
         sync_addr,
-        interval: duration("sync-interval", &args.sync_interval)?,
+        interval,
         timeout: duration("sync-timeout", &args.sync_timeout)?,
-        lazy: duration("sync-lazy", &args.sync_lazy)?,
+        lazy: match &args.sync_lazy {
+            // Zero is allowed: nothing waits.
+            Some(l) => parse_duration(l).map_err(|e| Failure::usage(format!("--sync-lazy: {e}")))?,
+            None => interval.saturating_mul(10),
+        },
         token: args.sync_token.clone(),
     }))
 }

@@ -122,6 +122,27 @@ fn bad_settings_exit_64_before_binding() {
         (&["--response-headers", "all"], "--response-headers"),
         (&["--log-format", "xml"], "--log-format"),
         (&["--shutdown-grace", "soon"], "--shutdown-grace"),
+        (&["--region", "a", "--peers", "b=http://127.0.0.1:1"], "--sync-addr"),
+        (&["--region", "a", "--peers", "b=http://127.0.0.1:1", "--sync-addr", "0.0.0.0:0"], "--sync-token"),
+        (
+            &["--region", "a", "--peers", "b=http://127.0.0.1:1", "--sync-addr", "127.0.0.1:0", "--sync-lazy", "soon"],
+            "--sync-lazy",
+        ),
+        (
+            &[
+                "--region",
+                "a",
+                "--peers",
+                "b=http://127.0.0.1:1",
+                "--sync-addr",
+                "127.0.0.1:0",
+                "--sync-interval",
+                "0s",
+            ],
+            "--sync-interval",
+        ),
+        (&["--region", "a", "--peers", "a=http://127.0.0.1:1", "--sync-addr", "127.0.0.1:0"], "its own peers"),
+        (&["--region", "a", "--peers", "b=ftp://127.0.0.1:1", "--sync-addr", "127.0.0.1:0"], "http://"),
     ];
     for (args, says) in cases {
         let mut all = vec!["serve"];

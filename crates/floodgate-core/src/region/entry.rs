@@ -69,7 +69,9 @@ pub(crate) struct Entry {
     pub(crate) pending: u64,
     pub(crate) pending_since: u64,
     /// Ascending by id.
-    pub(crate) slots: Vec<Slot>,
+    /// The current one inline: a fixed window's only slot is no heap
+    /// object of its own.
+    pub(crate) slots: smallvec::SmallVec<[Slot; 1]>,
     /// Bit `p`: queued to be sent to peer `p`.
     pub(crate) queued: u64,
     /// The key, shared with the table's map and the peers' queues.
@@ -208,11 +210,11 @@ impl Entry {
         let i = match self.slots.binary_search_by_key(&id, |s| s.id) {
             Ok(i) => i,
             Err(i) => {
-                if self.slots.capacity() == 0 {
-                    // As many as count at once (a fixed window's one, not
-                    // the four a first push would make room for).
-                    let horizon = self.shape.map_or(1, |s| s.horizon());
-                    self.slots.reserve_exact(usize::try_from(horizon).unwrap_or(1).clamp(1, 64));
+                if self.slots.len() == self.slots.capacity() {
+                    // Room for as many as count at once, not twice what
+                    // there is.
+                    let horizon = usize::try_from(self.shape.map_or(1, |s| s.horizon())).unwrap_or(1).clamp(1, 64);
+                    self.slots.reserve_exact(horizon.saturating_sub(self.slots.len()).max(1));
                 }
                 self.slots.insert(i, Slot::new(id, peers, acks));
                 i

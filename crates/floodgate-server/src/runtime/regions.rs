@@ -33,7 +33,7 @@ pub struct RegionsConfig {
     /// The longest a sync call may take (`--sync-timeout`, default 1 s).
     pub timeout: Duration,
     /// The longest a key far below its limit waits before it is sent
-    /// (`--sync-lazy`, default 1 s; zero: never waits).
+    /// (`--sync-lazy`, default ten intervals; zero: never waits).
     pub lazy: Duration,
     /// The token every sync call carries and requires (`--sync-token`).
     pub token: Option<String>,
