@@ -47,7 +47,7 @@ pub struct RegionConfig {
     pub retry_hint_us: u64,
     /// The longest a key far below its limit waits before it is sent (µs,
     /// default 1 s: ten intervals). A key whose hits not yet sent reach
-    /// `remaining / (2 × regions)` is sent at the next batch.
+    /// `remaining / (100 × regions)` is sent at the next batch.
     pub lazy_us: u64,
 }
 
