@@ -136,6 +136,9 @@ struct Inner {
     /// A single server's batch queues: one per thread that decides, each
     /// with its own connection.
     lanes: Mutex<Vec<Lane>>,
+    /// Plain commands' connections, one per thread that sends them
+    /// ([`RedisStore::raw_here`]).
+    here: Mutex<Vec<(std::thread::ThreadId, Arc<ConnSlot>)>>,
     connecting: tokio::sync::Mutex<()>,
     breaker: Breaker,
     denied: DeniedCache,
@@ -209,6 +212,7 @@ impl RedisStore {
                 conn: Mutex::new(None),
                 bulk: Mutex::new(None),
                 lanes: Mutex::new(Vec::new()),
+                here: Mutex::new(Vec::new()),
                 connecting: tokio::sync::Mutex::new(()),
                 breaker: Breaker::new(),
                 denied: DeniedCache::new(),
@@ -410,6 +414,29 @@ impl RedisStore {
     /// own bookkeeping: its incarnation, `SCAN`).
     pub async fn raw(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
         self.raw_call(cmd).await
+    }
+
+    /// [`RedisStore::raw`] on a connection of this thread's own, made on
+    /// the current runtime: on a per-core runtime the command, its
+    /// connection's driver and the reply stay on one thread (no
+    /// cross-thread wake-ups; a per-key miss's read). Beyond 16 threads,
+    /// the shared connection.
+    pub async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        let slot = {
+            let thread = std::thread::current().id();
+            let mut here = self.inner.here.lock().unwrap_or_else(PoisonError::into_inner);
+            match here.iter().find(|(t, _)| *t == thread) {
+                Some((_, slot)) => Some(Arc::clone(slot)),
+                None if here.len() < MAX_LANES => {
+                    let slot: Arc<ConnSlot> = Arc::new(Mutex::new(None));
+                    here.push((thread, Arc::clone(&slot)));
+                    Some(slot)
+                }
+                None => None,
+            }
+        };
+        let slot = slot.as_deref().unwrap_or(&self.inner.conn);
+        self.call(cmd, None, true, None, slot, None).await.map_err(|e| e.store_error(self.inner.config.timeout))
     }
 
     /// One administrative command (a bulk write, a listing) through the

@@ -979,7 +979,7 @@ impl PerKey {
         self.all_domains.store(true, Relaxed);
         let this = self.clone();
         async move {
-            tokio::join!(sharded.clone().run_reads(), this.follow(&sharded));
+            this.follow(&sharded).await;
         }
     }
 

@@ -28,9 +28,12 @@
 //! their own with [`ADMIN_TIMEOUT`]; the misses' reads use the decisions'
 //! connection and timeout.
 //!
-//! Misses are read in batches ([`Sharded::read`]): the misses waiting while
-//! a batch is out go together in the next, one `HMGET` per shard, sent
-//! together; at most [`READS_IN_FLIGHT`] batches are out at once.
+//! Misses are read in batches ([`Sharded::read`]), per deciding thread: the
+//! thread's misses waiting while a batch is out go together in the next,
+//! one `HMGET` per shard, sent together on the thread's own connection; at
+//! most [`READS_IN_FLIGHT`] batches a thread are out at once. A miss, its
+//! batch and the reply stay on the thread that decides (one reader for the
+//! whole process cost three or four cross-thread wake-ups a batch).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -116,8 +119,8 @@ pub(crate) struct Sharded {
     pub(crate) channel: String,
     /// Set once the layout holds every entry (old ones migrated).
     marker: String,
-    reads: mpsc::Sender<Read>,
-    queued: Mutex<Option<mpsc::Receiver<Read>>>,
+    /// Each deciding thread's reader (see [`Sharded::read`]).
+    readers: Mutex<Vec<(std::thread::ThreadId, mpsc::Sender<Read>)>>,
     /// Read batches sent so far.
     pub(crate) batches: AtomicU64,
 }
@@ -150,14 +153,12 @@ enum Via {
 impl Sharded {
     pub(crate) fn new(store: RedisStore) -> Self {
         let prefix = store.config().key_prefix.clone();
-        let (tx, rx) = mpsc::channel(READ_QUEUE);
         Self {
             channel: format!("{prefix}keys:changed"),
             marker: format!("{prefix}keys:layout"),
             prefix,
             store,
-            reads: tx,
-            queued: Mutex::new(Some(rx)),
+            readers: Mutex::new(Vec::new()),
             batches: AtomicU64::new(0),
         }
     }
@@ -171,7 +172,7 @@ impl Sharded {
     /// One command's reply.
     async fn call<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd, via: Via) -> Result<T, KeyError> {
         reply(match via {
-            Via::Decisions => self.store.raw(cmd).await,
+            Via::Decisions => self.store.raw_here(cmd).await,
             Via::Admin => self.store.bulk(cmd, ADMIN_TIMEOUT).await,
         })
     }
@@ -216,19 +217,33 @@ impl Sharded {
         out
     }
 
-    /// The value under `key`, read in the next batch. Fails (the caller
-    /// applies the files' rules) when Redis does.
-    pub(crate) async fn read(&self, key: String) -> Result<Option<Vec<u8>>, KeyError> {
+    /// The value under `key`, read in this thread's next batch. Fails (the
+    /// caller applies the files' rules) when Redis does.
+    pub(crate) async fn read(self: &Arc<Self>, key: String) -> Result<Option<Vec<u8>>, KeyError> {
         let (tx, rx) = oneshot::channel();
-        self.reads.send(Read { key, reply: tx }).await.map_err(|_| shared("the reader stopped"))?;
+        self.reader().send(Read { key, reply: tx }).await.map_err(|_| shared("the reader stopped"))?;
         rx.await.map_err(|_| shared("the reader stopped"))?
     }
 
-    /// Serve [`Sharded::read`]: take what waits, up to [`READ_BATCH`], and
-    /// read it with one `HMGET` per shard, sent together. Runs until the
-    /// store is dropped; once only.
-    pub(crate) async fn run_reads(self: Arc<Self>) {
-        let Some(mut rx) = self.queued.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
+    /// This thread's reader: made, on the current runtime, at its first
+    /// miss, and again when its runtime is gone.
+    fn reader(self: &Arc<Self>) -> mpsc::Sender<Read> {
+        let thread = std::thread::current().id();
+        let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, tx)) = readers.iter().find(|(t, tx)| *t == thread && !tx.is_closed()) {
+            return tx.clone();
+        }
+        readers.retain(|(t, tx)| *t != thread && !tx.is_closed());
+        let (tx, rx) = mpsc::channel(READ_QUEUE);
+        tokio::spawn(Arc::clone(self).run_reads(rx));
+        readers.push((thread, tx.clone()));
+        tx
+    }
+
+    /// Serve one thread's [`Sharded::read`]s: take what waits, up to
+    /// [`READ_BATCH`], and read it with one `HMGET` per shard, sent
+    /// together. Runs until its runtime stops.
+    async fn run_reads(self: Arc<Self>, mut rx: mpsc::Receiver<Read>) {
         let slots = Arc::new(Semaphore::new(READS_IN_FLIGHT));
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
