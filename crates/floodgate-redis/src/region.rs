@@ -96,12 +96,12 @@ impl RedisStore {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
-    async fn op(&self, keys: &[String], args: &[String]) -> Result<redis::Value, StoreError> {
+    async fn op(&self, keys: &[&str], args: &[String]) -> Result<redis::Value, StoreError> {
         let build = |eval: bool| {
             let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
             cmd.arg(if eval { SOURCE.as_str() } else { SHA.as_str() }).arg(keys.len());
             for k in keys {
-                cmd.arg(k.as_str());
+                cmd.arg(*k);
             }
             for a in args {
                 cmd.arg(a.as_str());
@@ -113,24 +113,11 @@ impl RedisStore {
     }
 
     /// One script call per `(keys, args)`, their replies in the same order.
-    /// On a cluster (a call per hash slot) they run at once, pipelined on
-    /// the cluster's connections; the first failure fails them all (each
-    /// call is idempotent: a merge by maximum, a read, an acknowledgement).
-    async fn ops(&self, calls: Vec<(Vec<String>, Vec<String>)>) -> Result<Vec<redis::Value>, StoreError> {
-        if let [(keys, args)] = &calls[..] {
-            return Ok(vec![self.op(keys, args).await?]);
-        }
-        let mut out = vec![redis::Value::Nil; calls.len()];
-        let mut running = tokio::task::JoinSet::new();
-        for (i, (keys, args)) in calls.into_iter().enumerate() {
-            let store = self.clone();
-            running.spawn(async move { (i, store.op(&keys, &args).await) });
-        }
-        while let Some(done) = running.join_next().await {
-            let (i, v) = done.map_err(|e| StoreError::Unavailable(format!("a region script call ended: {e}")))?;
-            out[i] = v?;
-        }
-        Ok(out)
+    /// On a cluster (a call per hash slot) they go at once, pipelined on
+    /// the cluster's connections; any failure fails them all (each call is
+    /// idempotent: a merge by maximum, a read, an acknowledgement).
+    async fn ops(&self, calls: &[(Vec<&str>, Vec<String>)]) -> Result<Vec<redis::Value>, StoreError> {
+        crate::join_all(calls.iter().map(|(keys, args)| self.op(keys, args)).collect()).await.into_iter().collect()
     }
 
     /// Store a peer's batch: each component merged by maximum (GCRA
@@ -146,7 +133,7 @@ impl RedisStore {
         let bases: Vec<String> = batch.items.iter().map(|i| self.base(&i.key)).collect();
         let mut calls = Vec::new();
         for group in self.by_slot(&bases) {
-            let keys: Vec<String> = group.iter().map(|&i| bases[i].clone()).collect();
+            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
             let mut args = vec![
                 "merge".to_owned(),
                 now.map_or_else(String::new, |n| n.to_string()),
@@ -169,7 +156,7 @@ impl RedisStore {
             calls.push((keys, args));
         }
         let mut stats = MergeStats::default();
-        for reply in self.ops(calls).await? {
+        for reply in self.ops(&calls).await? {
             let v: Vec<u64> = redis::FromRedisValue::from_redis_value(reply)
                 .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
             if let [m, u, s, x] = v[..] {
@@ -203,8 +190,9 @@ impl RedisStore {
             now.map_or_else(String::new, |n| n.to_string()),
             if full { "1" } else { "0" }.to_owned(),
         ];
-        let calls = groups.iter().map(|g| (g.iter().map(|&i| bases[i].clone()).collect(), args.clone())).collect();
-        let replies = self.ops(calls).await?;
+        let calls: Vec<(Vec<&str>, Vec<String>)> =
+            groups.iter().map(|g| (g.iter().map(|&i| bases[i].as_str()).collect(), args.clone())).collect();
+        let replies = self.ops(&calls).await?;
         for (group, reply) in groups.iter().zip(replies) {
             let v: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(reply)
                 .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
@@ -255,7 +243,7 @@ impl RedisStore {
         let bases: Vec<String> = acked.iter().map(|(k, _)| self.base(k)).collect();
         let mut calls = Vec::new();
         for group in self.by_slot(&bases) {
-            let keys: Vec<String> = group.iter().map(|&i| bases[i].clone()).collect();
+            let keys: Vec<&str> = group.iter().map(|&i| bases[i].as_str()).collect();
             let mut args = vec!["ack".to_owned(), now.map_or_else(String::new, |n| n.to_string()), peer.to_string()];
             for &i in &group {
                 let slots = &acked[i].1;
@@ -266,7 +254,7 @@ impl RedisStore {
             }
             calls.push((keys, args));
         }
-        self.ops(calls).await?;
+        self.ops(&calls).await?;
         Ok(())
     }
 }

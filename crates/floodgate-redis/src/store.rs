@@ -458,11 +458,13 @@ impl RedisStore {
     /// past a walk: the walks run again, up to three times in all; a
     /// cluster still changing after that gives what the last walks found.
     pub async fn scan(&self, pattern: &str, timeout: Duration) -> Result<Vec<String>, StoreError> {
+        let mut keys = std::collections::HashSet::new();
         if let Target::Single(_) = self.inner.config.target {
-            return Ok(self.scan_node(pattern, None, timeout).await?.into_iter().collect());
+            // SCAN itself may give a key twice (while the server rehashes).
+            keys.extend(self.scan_node(pattern, None, timeout).await?);
+            return Ok(keys.into_iter().collect());
         }
         let mut before = self.topology(timeout).await?;
-        let mut keys = std::collections::HashSet::new();
         for _ in 0..3 {
             keys.clear();
             // One walk per primary, routed by the first slot it serves.
