@@ -74,8 +74,6 @@ pub(crate) struct Entry {
     pub(crate) slots: smallvec::SmallVec<[Slot; 1]>,
     /// Bit `p`: queued to be sent to peer `p`.
     pub(crate) queued: u64,
-    /// The key, shared with the table's map and the peers' queues.
-    pub(crate) name: Option<std::sync::Arc<str>>,
     /// Own hits admitted since the key was last queued for the peers.
     pub(crate) unsent: u64,
     /// Waiting in the table's lazy list (sent within the lazy period).

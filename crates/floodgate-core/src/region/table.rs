@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use crate::region::entry::{Caps, Entry, Send, shape_of};
 use crate::region::wire::{Ack, Batch, Component, Item, Shape};
 use crate::region::{Lazy, Scope, SyncMode};
+use crate::store::OwnedKey;
 use crate::{Decision, Limit, StoreError};
 
 /// Most peer regions.
@@ -152,23 +153,23 @@ struct InFlight {
     seq: u64,
     sent_us: u64,
     /// The keys sent (sent again if the batch is lost).
-    keys: Vec<Arc<str>>,
+    keys: Vec<OwnedKey>,
     /// Bounded keys' own counts sent, `(key, slot, count)`: what an
     /// acknowledgement confirms.
-    acked: Vec<(Arc<str>, u64, u64)>,
+    acked: Vec<(OwnedKey, u64, u64)>,
     full: bool,
     complete: bool,
 }
 
 struct Full {
-    keys: VecDeque<Arc<str>>,
+    keys: VecDeque<OwnedKey>,
     for_incarnation: u64,
     complete_sent: bool,
 }
 
 struct Link {
     name: Arc<str>,
-    queue: VecDeque<Arc<str>>,
+    queue: VecDeque<OwnedKey>,
     overflowed: bool,
     full: Option<Full>,
     known_incarnation: Option<u64>,
@@ -183,7 +184,12 @@ struct Link {
     stats: LinkStats,
 }
 
-type Shard = Mutex<HashMap<Arc<str>, Entry, foldhash::fast::RandomState>>;
+/// Keys are held inline where short (`OwnedKey`), in the map and in every
+/// queue: a million keys are then no million small heap objects, whose
+/// allocation on the deciding threads and release by the sweeper slowed
+/// every other allocation of the request path (BENCHMARKS.md, "Many
+/// regions").
+type Shard = Mutex<HashMap<OwnedKey, Entry, foldhash::fast::RandomState>>;
 
 /// A memory-store region's global limits: decisions, merges, and what to
 /// send each peer. Thread-safe; keys are sharded.
@@ -196,7 +202,7 @@ pub struct GlobalTable {
     hasher: foldhash::fast::RandomState,
     links: Box<[Mutex<Link>]>,
     /// Keys whose own hits wait for the lazy period, and failing links.
-    lazy: Lazy<Arc<str>>,
+    lazy: Lazy<OwnedKey>,
     warming: AtomicBool,
     /// The limits entries share (see [`GlobalTable::shared`]).
     limits: Mutex<std::collections::HashSet<Arc<Limit>>>,
@@ -316,8 +322,8 @@ impl GlobalTable {
         self.warming.load(Ordering::Acquire)
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        let h = std::hash::BuildHasher::hash_one(&self.hasher, key.as_bytes());
+    fn shard(&self, key: &[u8]) -> &Shard {
+        let h = std::hash::BuildHasher::hash_one(&self.hasher, key);
         &self.shards[(h as usize) % self.shards.len()]
     }
 
@@ -342,40 +348,35 @@ impl GlobalTable {
         };
         let peers = self.links.len();
         let caps = self.caps();
-        let mut shard = lock(self.shard(key));
+        let mut shard = lock(self.shard(key.as_bytes()));
         let decide = |entry: &mut Entry| {
             entry.set_rule(limit, mode, shape, peers, || self.shared(limit));
             let (d, send) = entry.decide(limit, now, hits, peers, caps);
             match send {
-                Send::Now => self.queue_for_peers(entry),
+                Send::Now => self.queue_for_peers(entry, || OwnedKey::new(key)),
                 Send::Later if !entry.lazy => {
-                    if let Some(name) = entry.name.clone() {
-                        entry.lazy = true;
-                        self.lazy.wait(now, name);
-                    }
+                    entry.lazy = true;
+                    self.lazy.wait(now, OwnedKey::new(key));
                 }
                 Send::Later | Send::No => {}
             }
             d
         };
         // One lookup on the common path (the key is known).
-        if let Some(entry) = shard.get_mut(key) {
+        if let Some(entry) = shard.get_mut(key.as_bytes()) {
             return Ok(decide(entry));
         }
-        let name: Arc<str> = Arc::from(key);
-        let entry = shard.entry(name.clone()).or_default();
-        entry.name = Some(name);
-        Ok(decide(entry))
+        Ok(decide(shard.entry(OwnedKey::new(key)).or_default()))
     }
 
     /// Give back `hits` admitted at `at` (another limit of the request
     /// denied it). See [`Entry::refund`]: exact here, never looser elsewhere.
     pub fn refund(&self, key: &str, hits: u64, at: u64, now: u64) {
-        let mut shard = lock(self.shard(key));
-        if let Some(e) = shard.get_mut(key)
+        let mut shard = lock(self.shard(key.as_bytes()));
+        if let Some(e) = shard.get_mut(key.as_bytes())
             && e.refund(at, now, hits)
         {
-            self.queue_for_peers(e);
+            self.queue_for_peers(e, || OwnedKey::new(key));
         }
     }
 
@@ -394,15 +395,15 @@ impl GlobalTable {
         l
     }
 
-    /// Queue `entry`'s key for every peer it is not queued for yet (under
-    /// its shard's lock).
-    fn queue_for_peers(&self, entry: &mut Entry) {
+    /// Queue `entry`'s key (`name` makes it) for every peer it is not
+    /// queued for yet (under its shard's lock).
+    fn queue_for_peers(&self, entry: &mut Entry, name: impl FnOnce() -> OwnedKey) {
         let all = if self.links.len() == 64 { u64::MAX } else { (1u64 << self.links.len()) - 1 };
         let missing = all & !entry.queued;
         if missing == 0 {
             return;
         }
-        let Some(name) = entry.name.clone() else { return };
+        let name = name();
         entry.unsent = 0;
         entry.lazy = false;
         entry.queued |= missing;
@@ -424,15 +425,15 @@ impl GlobalTable {
     /// over all regions, ascending (regions agree when their views are
     /// equal).
     pub fn view(&self, key: &str, now: u64) -> Vec<(u64, u64)> {
-        let mut shard = lock(self.shard(key));
-        let Some(e) = shard.get_mut(key) else { return Vec::new() };
+        let mut shard = lock(self.shard(key.as_bytes()));
+        let Some(e) = shard.get_mut(key.as_bytes()) else { return Vec::new() };
         e.prune(now);
         e.slots.iter().map(|s| (s.id, s.comps.iter().fold(s.own, |t, c| t.saturating_add(c.count)))).collect()
     }
 
     /// Own hits of `key` not yet acknowledged by every peer.
     pub fn unacked(&self, key: &str) -> u64 {
-        lock(self.shard(key)).get(key).map_or(0, Entry::unacked)
+        lock(self.shard(key.as_bytes())).get(key.as_bytes()).map_or(0, Entry::unacked)
     }
 
     /// The largest unacknowledged usage of any key of a `bounded` limit, as
@@ -488,12 +489,11 @@ impl GlobalTable {
         let mut mismatches = 0u64;
         let names: Vec<u16> = batch.regions.iter().map(|n| self.intern(n)).collect();
         for item in &batch.items {
-            let mut shard = lock(self.shard(&item.key));
-            if !shard.contains_key(item.key.as_str()) {
-                let name: Arc<str> = Arc::from(item.key.as_str());
-                shard.insert(name.clone(), Entry { name: Some(name), ..Entry::default() });
+            let mut shard = lock(self.shard(item.key.as_bytes()));
+            if !shard.contains_key(item.key.as_bytes()) {
+                shard.insert(OwnedKey::new(&item.key), Entry::default());
             }
-            let Some(entry) = shard.get_mut(item.key.as_str()) else { unreachable!("just inserted") };
+            let Some(entry) = shard.get_mut(item.key.as_bytes()) else { unreachable!("just inserted") };
             if entry.shape.is_some_and(|s| s != item.shape) {
                 self.shape_mismatches.fetch_add(1, Ordering::Relaxed);
                 mismatches += 1;
@@ -645,8 +645,8 @@ impl GlobalTable {
         let regions: Vec<String> =
             self.names.read().unwrap_or_else(PoisonError::into_inner).list.iter().map(|n| n.to_string()).collect();
         for key in &keys {
-            let mut shard = lock(self.shard(key));
-            let Some(entry) = shard.get_mut(&**key) else { continue };
+            let mut shard = lock(self.shard(key.as_bytes()));
+            let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
             if !full {
                 entry.queued &= !(1 << p);
             }
@@ -664,7 +664,7 @@ impl GlobalTable {
                             count: c.count,
                         })
                     }));
-                    sink.item(key, 0, shape, &components);
+                    sink.item(key.as_str(), 0, shape, &components);
                     items += 1;
                 }
                 continue;
@@ -691,7 +691,7 @@ impl GlobalTable {
                     }
                 }
             }
-            sink.item(key, rule.fingerprint, shape, &components);
+            sink.item(key.as_str(), rule.fingerprint, shape, &components);
             items += 1;
         }
         let mut link = lock(&self.links[p]);
@@ -715,13 +715,13 @@ impl GlobalTable {
     }
 
     /// Queue `keys` from the lazy list, those still waiting.
-    fn queue_lazy(&self, keys: Vec<Arc<str>>) {
+    fn queue_lazy(&self, keys: Vec<OwnedKey>) {
         for key in keys {
-            let mut shard = lock(self.shard(&key));
-            if let Some(e) = shard.get_mut(&*key)
+            let mut shard = lock(self.shard(key.as_bytes()));
+            if let Some(e) = shard.get_mut(key.as_bytes())
                 && e.lazy
             {
-                self.queue_for_peers(e);
+                self.queue_for_peers(e, || key.clone());
             }
         }
     }
@@ -745,8 +745,8 @@ impl GlobalTable {
             return;
         }
         for key in f.keys {
-            let mut shard = lock(self.shard(&key));
-            let Some(entry) = shard.get_mut(&*key) else { continue };
+            let mut shard = lock(self.shard(key.as_bytes()));
+            let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
             if entry.queued & (1 << p) == 0 {
                 entry.queued |= 1 << p;
                 drop(shard);
@@ -755,7 +755,7 @@ impl GlobalTable {
                     link.stats.dropped += 1;
                     link.overflowed = true;
                     drop(link);
-                    if let Some(e) = lock(self.shard(&key)).get_mut(&*key) {
+                    if let Some(e) = lock(self.shard(key.as_bytes())).get_mut(key.as_bytes()) {
                         e.queued &= !(1 << p);
                     }
                 } else {
@@ -823,7 +823,7 @@ impl GlobalTable {
         }
         if let Some(f) = done {
             for (key, slot, count) in f.acked {
-                if let Some(entry) = lock(self.shard(&key)).get_mut(&*key) {
+                if let Some(entry) = lock(self.shard(key.as_bytes())).get_mut(key.as_bytes()) {
                     entry.acked(p, slot, count);
                 }
             }

@@ -103,6 +103,54 @@ impl StoredKey {
     }
 }
 
+/// A key owned outside the memory store's own table, where maps and queues
+/// hold it (a memory-store region's global keys): the same layout, so a
+/// short key is no heap object of its own, hashed and compared by its bytes
+/// (a `HashMap<OwnedKey, _>` is looked up with a `&[u8]`). Made only from
+/// `&str` keys.
+#[derive(Clone, Debug)]
+pub(crate) struct OwnedKey(StoredKey);
+
+impl OwnedKey {
+    #[inline]
+    pub(crate) fn new(key: &str) -> Self {
+        // The tag only speeds up the memory store's probes; here the map
+        // hashes the bytes itself.
+        Self(StoredKey::new(&Probe::new(key.as_bytes(), 0)))
+    }
+
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
+    /// The key as text (always UTF-8: it was made from a `&str`).
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl PartialEq for OwnedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for OwnedKey {}
+
+impl std::hash::Hash for OwnedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `[u8]` hashes, which `Borrow` requires.
+        self.as_bytes().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for OwnedKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +191,20 @@ mod tests {
             assert!(n == 0 || !same_short(a, &src[1..=n]), "{n}: shifted");
         }
         assert!(!same_short(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn owned_keys_are_found_by_their_bytes() {
+        let mut map = std::collections::HashMap::new();
+        let long = "0123456789012345678901234567";
+        for k in ["", "user_alice", long] {
+            map.insert(OwnedKey::new(k), k.len());
+        }
+        for k in ["", "user_alice", long] {
+            assert_eq!(map.get(k.as_bytes()), Some(&k.len()));
+            assert_eq!(OwnedKey::new(k).as_str(), k);
+        }
+        assert_eq!(map.get(&long.as_bytes()[1..]), None);
+        assert_eq!(size_of::<OwnedKey>(), 24);
     }
 }

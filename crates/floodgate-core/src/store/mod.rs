@@ -1,6 +1,7 @@
 //! Stores apply limits to keyed state, atomically per key.
 
 mod key;
+pub(crate) use key::OwnedKey;
 pub mod memory;
 mod table;
 
