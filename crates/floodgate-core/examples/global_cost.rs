@@ -5,7 +5,7 @@
 //! `serve` sweeps them, batches to two peers every 100 ms. Not a benchmark
 //! of record (see scripts/bench-regions); a quick look.
 //!
-//!   cargo run --release -p floodgate-core --example global_cost -- [keys] [uniform|zipf]
+//!   cargo run --release -p floodgate-core --example global_cost -- [keys] [uniform|zipf] [key length]
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -52,7 +52,10 @@ fn main() {
     let nkeys: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let zipf = args.get(2).is_some_and(|a| a == "zipf");
     let limit = Limit::new(Algorithm::FixedWindow, 1_000_000_000, Duration::from_secs(1)).unwrap();
-    let keys: Vec<String> = (0..nkeys).map(|i| format!("bench\x1fuser={i}#0")).collect();
+    // The bench's keys are short (inline); a longer one (an API key) is on
+    // the heap.
+    let len: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let keys: Vec<String> = (0..nkeys).map(|i| format!("{:x>len$}", format!("bench\x1fuser={i}#0"))).collect();
     let n = 3_000_000;
     let seq = draws(nkeys, zipf, n);
     let sweep_every = (10_000_000 / STEP_US) as usize;

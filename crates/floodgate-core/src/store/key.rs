@@ -104,24 +104,37 @@ impl StoredKey {
 }
 
 /// A key owned outside the memory store's own table, where maps and queues
-/// hold it (a memory-store region's global keys): the same layout, so a
-/// short key is no heap object of its own, hashed and compared by its bytes
-/// (a `HashMap<OwnedKey, _>` is looked up with a `&[u8]`). Made only from
-/// `&str` keys.
+/// hold it and copy it (a memory-store region's global keys: the map, each
+/// peer's queue, the batches in flight): short keys inline as in the store,
+/// so they are no heap object of their own, longer ones shared, so a copy
+/// is a reference count, not an allocation. Hashed and compared by its
+/// bytes (a `HashMap<OwnedKey, _>` is looked up with a `&[u8]`). Made only
+/// from `&str` keys.
 #[derive(Clone, Debug)]
-pub(crate) struct OwnedKey(StoredKey);
+pub(crate) enum OwnedKey {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Shared(std::sync::Arc<[u8]>),
+}
 
 impl OwnedKey {
     #[inline]
     pub(crate) fn new(key: &str) -> Self {
-        // The tag only speeds up the memory store's probes; here the map
-        // hashes the bytes itself.
-        Self(StoredKey::new(&Probe::new(key.as_bytes(), 0)))
+        let key = key.as_bytes();
+        if key.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            bytes[..key.len()].copy_from_slice(key);
+            Self::Inline { len: key.len() as u8, bytes }
+        } else {
+            Self::Shared(key.into())
+        }
     }
 
     #[inline]
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Shared(key) => key,
+        }
     }
 
     /// The key as text (always UTF-8: it was made from a `&str`).
