@@ -175,6 +175,51 @@ fn a_redis_region_decides_as_a_memory_region() {
         .unwrap();
 }
 
+/// A changed limit starts this region's own count fresh and keeps the
+/// peers' counts, in a Redis region as in a memory region.
+#[test]
+fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let t = table();
+    let mode = SyncMode::Eventual;
+    let s = Duration::from_secs(60);
+    let (ten, twenty) =
+        (Limit::new(Algorithm::FixedWindow, 10, s).unwrap(), Limit::new(Algorithm::FixedWindow, 20, s).unwrap());
+    let now = T0 + 1_000;
+    let admitted = |limit: &Limit, n: u64, now: u64| {
+        let (mut mem, mut red) = (0, 0);
+        for _ in 0..n {
+            mem += u64::from(t.apply("k", limit, mode, 1, now).unwrap().allowed);
+            let check = Check { key: "k", limit, hits: 1, enforce: true, scope: Scope::Global(mode) };
+            let mut out = Vec::new();
+            rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+            red += u64::from(out.pop().unwrap().unwrap().allowed);
+        }
+        (mem, red)
+    };
+    assert_eq!(admitted(&ten, 6, now), (6, 6));
+    let shape = shape_of(&ten).unwrap();
+    let batch = Batch {
+        from: "b".into(),
+        regions: vec!["b".into()],
+        from_incarnation: 20,
+        to_incarnation: INC_A,
+        seq: 1,
+        items: vec![Item {
+            key: "k".into(),
+            fingerprint: fingerprint(&ten, mode),
+            shape,
+            components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count: 3 }],
+        }],
+        complete: false,
+    };
+    t.receive(&batch, now);
+    rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+    assert_eq!(admitted(&twenty, 30, now + 1_000), (17, 17), "20 - b's 3; a's own 6 are gone");
+}
+
 /// A full state transfer lists every key: on a cluster, every primary's,
 /// before and after a slot moves between primaries.
 #[test]

@@ -142,8 +142,14 @@ pub(crate) struct Caps {
 }
 
 impl Entry {
-    /// The rule to decide with (resets the counts when its shape changed:
-    /// a changed limit starts fresh, as anywhere else).
+    /// The rule to decide with. A changed limit starts fresh, as anywhere
+    /// else (DESIGN: a limit whose parameters changed keeps no counters):
+    /// this region's own state, that is, its own counts of a window
+    /// algorithm, the local bucket of the GCRA family, and when the shape
+    /// changed every count. Peers' counts of the same shape stay, as
+    /// theirs; what peers hold of this region's own counts stays too (the
+    /// maximum never decreases: stricter there for the rest of the slot).
+    /// A Redis region does the same (the state key is named by the limit).
     /// `shared` gives the copy of `limit` every key of the rule shares.
     pub(crate) fn set_rule(
         &mut self,
@@ -161,6 +167,13 @@ impl Entry {
             self.slots.clear();
             self.tat = State::new();
             self.pending = 0;
+        } else if let Some(old) = &self.rule
+            && old.limit.fingerprint() != limit.fingerprint()
+        {
+            match shape {
+                Shape::Windowed { .. } => self.slots.iter_mut().for_each(|s| s.own = 0),
+                Shape::Gcra { .. } => self.tat = State::new(),
+            }
         }
         self.shape = Some(shape);
         self.rule = Some(RuleMeta { limit: shared(), mode, fingerprint });

@@ -67,6 +67,21 @@ fn regions_see_each_others_usage_after_a_sync() {
 }
 
 #[test]
+fn a_changed_limit_starts_this_regions_count_fresh_and_keeps_the_peers() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "k", &fixed(10), e, 6, S), 6);
+    assert_eq!(admitted(&t[1], "k", &fixed(10), e, 3, S), 3);
+    sync_all(&t, S);
+    // a's limit goes to 20 in the same window: its own 6 are gone, b's 3
+    // still count.
+    assert_eq!(admitted(&t[0], "k", &fixed(20), e, 30, 2 * S), 17);
+    // Only the mode changed (the limit did not): the counts stay.
+    assert_eq!(admitted(&t[0], "k", &fixed(20), SyncMode::Bounded { overshoot_ppm: 500_000 }, 5, 2 * S), 0);
+}
+
+#[test]
 fn duplicated_replayed_and_reordered_batches_change_nothing() {
     let t = tables(&["a", "b"]);
     sync_all(&t, 0);
