@@ -76,12 +76,9 @@ fn warm(at: &str) -> bool {
     serde_json::from_str::<Value>(&text).unwrap()["regions"]["warming"] == false
 }
 
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "not within 30 s: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Wait up to 30 s for `cond`.
+fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    cli::eventually(what, Duration::from_secs(30), cond);
 }
 
 /// The cluster's Redis keys of global state (`…:g:m`) on node `i`.

@@ -192,3 +192,13 @@ pub fn http_with(addr: &str, method: &str, path: &str, body: &str, extra: &str) 
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     (code, head.to_owned(), body.to_owned())
 }
+
+/// Wait for `cond`, checking every 50 ms; fails the test with `what` after
+/// `within`.
+pub fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
