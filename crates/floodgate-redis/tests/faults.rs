@@ -244,8 +244,24 @@ fn a_cluster_primary_failing_over_costs_the_policy_then_decisions_are_exact() {
         assert!(failures > 0, "the primary was down for a while");
         assert!(d.allowed);
         assert_eq!(d.remaining, 1_000 - 11, "the replica took over with the count: {d:?}");
-        let d = s.apply("victim", &limit, 1).await.unwrap();
-        assert_eq!(d.remaining, 1_000 - 12, "and counts exactly from there");
+        // The next call may still time out (200 ms here) while the cluster
+        // settles under CI's load; a timed-out call may have counted in
+        // Redis (as documented), so each one allows one hit more.
+        let mut timed_out = 0;
+        let d = loop {
+            match s.apply("victim", &limit, 1).await {
+                Ok(d) => break d,
+                Err(e) => {
+                    timed_out += 1;
+                    assert!(timed_out <= 3, "still failing after the failover: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(
+            (1_000 - 12 - timed_out..=1_000 - 12).contains(&d.remaining),
+            "and counts exactly from there ({timed_out} calls timed out): {d:?}"
+        );
     });
 }
 
