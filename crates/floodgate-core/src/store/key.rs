@@ -60,15 +60,22 @@ fn same_short(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
+/// A key of at most [`INLINE`] bytes as an inline array and its length.
+#[inline]
+fn inline(key: &[u8]) -> (u8, [u8; INLINE]) {
+    let mut bytes = [0u8; INLINE];
+    bytes[..key.len()].copy_from_slice(key);
+    (key.len() as u8, bytes)
+}
+
 impl StoredKey {
     /// The key `probe` was made for, to store.
     #[inline]
     pub(crate) fn new(probe: &Probe<'_>) -> Self {
         match *probe {
             Probe::Inline(key) => {
-                let mut bytes = [0u8; INLINE];
-                bytes[..key.len()].copy_from_slice(key);
-                Self::Inline { len: key.len() as u8, bytes }
+                let (len, bytes) = inline(key);
+                Self::Inline { len, bytes }
             }
             Probe::Heap { tag, key } => Self::Heap { tag, key: key.into() },
         }
@@ -121,9 +128,8 @@ impl OwnedKey {
     pub(crate) fn new(key: &str) -> Self {
         let key = key.as_bytes();
         if key.len() <= INLINE {
-            let mut bytes = [0u8; INLINE];
-            bytes[..key.len()].copy_from_slice(key);
-            Self::Inline { len: key.len() as u8, bytes }
+            let (len, bytes) = inline(key);
+            Self::Inline { len, bytes }
         } else {
             Self::Shared(key.into())
         }
