@@ -541,3 +541,123 @@ fn a_database_from_before_tiers_is_migrated_on_open() {
     let o = PerKey::open(&path).unwrap();
     assert_eq!(o.total(), 1);
 }
+
+/// Wait (bounded) until the store's hash index is in use.
+fn index_ready(o: &PerKey) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !o.index_status().ready {
+        assert!(std::time::Instant::now() < deadline, "no index within 30 s: {:?}", o.index_status());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn misses_read_the_hash_index_and_writes_since_it_stay_exact() {
+    use floodgate_server::rules::perkey::CacheOptions;
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = TempDir::new("index");
+    let path = dir.0.join("o.redb");
+    let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
+    let tier_of = |o: &PerKey, user: &str| match o.get("api", &[("user", user)]) {
+        Some(floodgate_server::rules::perkey::Limits::Tier(t)) => Some(t.to_string()),
+        Some(other) => Some(format!("{other:?}")),
+        None => None,
+    };
+    // A cache of one answer: nearly every lookup reads the store.
+    let small = CacheOptions { entries: 1, ttl: None };
+    {
+        let o = PerKey::open_with(&path, small).unwrap();
+        assert!(!o.index_status().ready, "an empty database needs no index");
+        let batch: Vec<KeySpec> = (0..3_000).map(|i| tiered(&format!("u{i}"), "free")).collect();
+        o.write_all(&PerKey::validate(batch, &rules, |_| None).unwrap()).unwrap();
+        // Before any index: the database answers.
+        assert_eq!(tier_of(&o, "u7").as_deref(), Some("free"));
+        index_ready(&o);
+        let before = o.index_status().answered;
+        for i in (0..3_000).step_by(7) {
+            assert_eq!(tier_of(&o, &format!("u{i}")).as_deref(), Some("free"), "u{i}");
+        }
+        assert!(tier_of(&o, "nobody").is_none());
+        assert!(o.index_status().answered > before + 400, "the index answered the misses: {:?}", o.index_status());
+        // Writes after the build: each key's next lookup is the new state.
+        o.set(tiered("u5", "pro"), &rules).unwrap();
+        assert!(o.delete("api", &[("user", "u6")]).unwrap());
+        o.set(tiered("new", "pro"), &rules).unwrap();
+        for _ in 0..2 {
+            assert_eq!(tier_of(&o, "u5").as_deref(), Some("pro"));
+            assert!(tier_of(&o, "u6").is_none());
+            assert_eq!(tier_of(&o, "new").as_deref(), Some("pro"));
+            assert_eq!(tier_of(&o, "u8").as_deref(), Some("free"));
+        }
+        assert_eq!(o.stats().read_errors.load(Relaxed), 0);
+    }
+    // Reopened: the index predates the last writes, so it is not used
+    // until rebuilt; the answers are the same throughout.
+    let o = PerKey::open_with(&path, small).unwrap();
+    assert!(!o.index_status().ready, "an index older than the database is not used");
+    assert_eq!(tier_of(&o, "u5").as_deref(), Some("pro"));
+    index_ready(&o);
+    assert_eq!(o.index_status().builds, 1);
+    assert_eq!(tier_of(&o, "u5").as_deref(), Some("pro"));
+    assert!(tier_of(&o, "u6").is_none());
+    assert_eq!(tier_of(&o, "new").as_deref(), Some("pro"));
+    drop(o);
+    // Reopened with no write since the build: used at once.
+    let o = PerKey::open_with(&path, small).unwrap();
+    assert!(o.index_status().ready, "an index of the last commit is used at open");
+    assert_eq!(tier_of(&o, "u9").as_deref(), Some("free"));
+    drop(o);
+    // A damaged index is not used, and the answers do not change.
+    let index = dir.0.join("o.redb.index");
+    let mut bytes = std::fs::read(&index).unwrap();
+    bytes[4096..].fill(0xAB);
+    bytes[10] ^= 0xFF;
+    std::fs::write(&index, &bytes).unwrap();
+    let o = PerKey::open_with(&path, small).unwrap();
+    assert!(!o.index_status().ready);
+    assert_eq!(tier_of(&o, "u9").as_deref(), Some("free"));
+    assert!(tier_of(&o, "u6").is_none());
+    index_ready(&o);
+    drop(o);
+    // Another database in the same place, with as many commits: the index
+    // of the first one is not used for it.
+    std::fs::remove_file(&path).unwrap();
+    let o = PerKey::open_with(&path, small).unwrap();
+    let batch: Vec<KeySpec> = (0..3_000).map(|i| tiered(&format!("u{i}"), "pro")).collect();
+    o.write_all(&PerKey::validate(batch, &rules, |_| None).unwrap()).unwrap();
+    o.set(tiered("u5", "free"), &rules).unwrap();
+    o.delete("api", &[("user", "u6")]).unwrap();
+    o.set(tiered("new", "free"), &rules).unwrap();
+    drop(o);
+    let o = PerKey::open_with(&path, small).unwrap();
+    assert!(!o.index_status().ready, "an index of another database is not used");
+    assert_eq!(tier_of(&o, "u9").as_deref(), Some("pro"));
+    assert_eq!(tier_of(&o, "u5").as_deref(), Some("free"));
+}
+
+#[test]
+fn an_index_that_cannot_be_built_leaves_misses_on_the_database() {
+    use floodgate_server::rules::perkey::CacheOptions;
+    let dir = TempDir::new("index-fails");
+    let path = dir.0.join("o.redb");
+    // Where the build spills its records, a file: every build fails.
+    std::fs::write(dir.0.join("o.redb.index.build"), b"in the way").unwrap();
+    let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
+    let o = PerKey::open_with(&path, CacheOptions { entries: 1, ttl: None }).unwrap();
+    let batch: Vec<KeySpec> = (0..100).map(|i| tiered(&format!("u{i}"), "free")).collect();
+    o.write_all(&PerKey::validate(batch, &rules, |_| None).unwrap()).unwrap();
+    // Past the pause a build waits for, and a failed try.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!o.index_status().ready);
+    for i in 0..100 {
+        assert!(o.get("api", &[("user", format!("u{i}").as_str())]).is_some(), "u{i}");
+    }
+    assert!(o.get("api", &[("user", "nobody")]).is_none());
+    assert_eq!(o.index_status().answered, 0);
+    // Out of the way: the next write's pause brings a build.
+    std::fs::remove_file(dir.0.join("o.redb.index.build")).unwrap();
+    o.set(tiered("u1", "pro"), &rules).unwrap();
+    index_ready(&o);
+    assert!(o.get("api", &[("user", "u2")]).is_some());
+    assert!(o.index_status().answered > 0);
+}

@@ -331,6 +331,22 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
         "Per-key misses the store failed to answer (the files' rules applied, nothing cached).",
         s.read_errors.load(Relaxed),
     );
+    let ix = k.index_status();
+    gauge(
+        out,
+        "floodgate_key_index_reads_total",
+        "counter",
+        "Per-key misses the on-disk hash index answered (the rest read the database).",
+        ix.answered,
+    );
+    gauge(out, "floodgate_key_index_builds_total", "counter", "Per-key hash indexes built and put in use.", ix.builds);
+    gauge(
+        out,
+        "floodgate_key_index_ready",
+        "gauge",
+        "1 when a per-key hash index is in use for misses, 0 while misses read the database (none built yet, or too many writes since).",
+        u8::from(ix.ready),
+    );
     gauge(
         out,
         "floodgate_key_read_batches_total",

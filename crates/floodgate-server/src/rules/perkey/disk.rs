@@ -2,9 +2,11 @@
 //! copy-on-write, fsync on commit, so a crash mid-write leaves the last
 //! committed state of every batch, never a torn one).
 //!
-//! Nothing is loaded at open: a lookup reads one entry (a B-tree descent,
-//! a few microseconds from the OS page cache), a listing reads one page in
-//! key order. Two tables:
+//! Nothing is loaded at open: a lookup reads one entry, a listing reads one
+//! page in key order. A lookup asks the hash index beside the database
+//! first ([`super::index`]: one bucket read), and the database (a B-tree
+//! descent, a few microseconds from the OS page cache) when the index
+//! cannot answer. Three tables:
 //!
 //! * `keys`: the entry's lookup key ([`lookup_key`]) to its value (the
 //!   bytes of `value.rs`). Key order is (domain, descriptor) order, so a
@@ -12,22 +14,36 @@
 //! * `tier_counts`: `domain \0 tier` (tier empty for entries with their own
 //!   limits) to the number of entries, updated in the same transaction as
 //!   the entries.
+//! * `meta`: `generation`, the number of the last commit (each write's
+//!   transaction adds one), and `commit`, a random number each write's
+//!   transaction draws anew (and the first open, for a database without
+//!   one): the index is used only if built at that commit, so a database
+//!   restored from a copy, or made anew, never meets an index of another
+//!   one that happens to have as many commits.
 //!
 //! Databases written before tiers hold a table `overrides` (the counter key
 //! to the whole spec): [`Disk::open`] moves its rows into `keys` in one
 //! transaction and drops it, with a log line.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
-use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 
+use super::index::{self, Answer, BuildError, Builder, Index, Next};
 use super::value::{ENTRY_SEP, count_key};
 use super::{KeyError, Rows, Write};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("tier_counts");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const GENERATION: &str = "generation";
+const COMMIT: &str = "commit";
 /// The table of databases written before tiers (counter key to the JSON of
 /// `{"spec": {domain, descriptor, limits}, "updated_at"}`).
 const LEGACY: TableDefinition<&str, &str> = TableDefinition::new("overrides");
@@ -50,7 +66,19 @@ type Reader = ReadOnlyTable<&'static str, &'static [u8]>;
 pub(crate) struct Disk {
     // Declared first: dropped before the database it reads.
     reader: ArcSwap<Reader>,
-    db: Database,
+    index: Arc<Index>,
+    /// Builds the index in the background (joined on drop).
+    builder: Option<JoinHandle<()>>,
+    db: Arc<Database>,
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        self.index.stop();
+        if let Some(b) = self.builder.take() {
+            let _ = b.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for Disk {
@@ -61,6 +89,20 @@ impl std::fmt::Debug for Disk {
 
 fn reader(db: &Database) -> Result<Reader, KeyError> {
     db.begin_read().map_err(storage)?.open_table(KEYS).map_err(storage)
+}
+
+/// The last commit a read transaction sees: its number and its random id.
+fn last_commit(read: &ReadTransaction) -> Result<(u64, u64), KeyError> {
+    let t = read.open_table(META).map_err(storage)?;
+    let get = |k: &str| Ok::<_, KeyError>(t.get(k).map_err(storage)?.map_or(0, |v| v.value()));
+    Ok((get(GENERATION)?, get(COMMIT)?))
+}
+
+/// The index's file beside the database's.
+fn index_path(db: &Path) -> PathBuf {
+    let mut s = db.as_os_str().to_owned();
+    s.push(".index");
+    PathBuf::from(s)
 }
 
 impl Disk {
@@ -74,10 +116,31 @@ impl Disk {
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(KEYS).map_err(storage)?;
         txn.open_table(COUNTS).map_err(storage)?;
+        {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            if meta.get(COMMIT).map_err(storage)?.is_none() {
+                meta.insert(COMMIT, super::random()).map_err(storage)?;
+            }
+        }
         txn.commit().map_err(storage)?;
-        let disk = Self { reader: ArcSwap::from_pointee(reader(&db)?), db };
+        let (_, commit) = last_commit(&db.begin_read().map_err(storage)?)?;
+        let index = Arc::new(Index::open(index_path(path), commit));
+        let db = Arc::new(db);
+        let builder = {
+            let (index, db) = (Arc::clone(&index), Arc::downgrade(&db));
+            std::thread::Builder::new()
+                .name("floodgate-key-index".into())
+                .spawn(move || keep_index(&index, &db))
+                .map_err(|e| KeyError::Storage(format!("cannot start the index's builder: {e}")))?
+        };
+        let disk = Self { reader: ArcSwap::from_pointee(reader(&db)?), index, builder: Some(builder), db };
         disk.migrate(path)?;
         Ok(disk)
+    }
+
+    /// The hash index in front of the database.
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
     }
 
     /// Move the rows of a pre-tier `overrides` table into `keys`.
@@ -109,6 +172,12 @@ impl Disk {
 
     /// The value under `key`, handed to `f` where it lies (no copy).
     pub(crate) fn with<T>(&self, key: &str, f: impl FnOnce(&[u8]) -> T) -> Result<Option<T>, KeyError> {
+        let mut buf = [0u8; index::BUCKET];
+        match self.index.find(key, &mut buf) {
+            Answer::Value(v) => return Ok(Some(f(v))),
+            Answer::Absent => return Ok(None),
+            Answer::AskDb => {}
+        }
         let table = self.reader.load();
         let Some(v) = table.get(key).map_err(storage)? else { return Ok(None) };
         Ok(Some(f(v.value())))
@@ -129,6 +198,13 @@ impl Disk {
     ) -> Result<Vec<bool>, KeyError> {
         let txn = self.db.begin_write().map_err(storage)?;
         let mut before = Vec::with_capacity(writes.len());
+        let commit = {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let next = meta.get(GENERATION).map_err(storage)?.map_or(0, |v| v.value()) + 1;
+            meta.insert(GENERATION, next).map_err(storage)?;
+            meta.insert(COMMIT, super::random()).map_err(storage)?;
+            next
+        };
         {
             let mut table = txn.open_table(KEYS).map_err(storage)?;
             let mut counts = txn.open_table(COUNTS).map_err(storage)?;
@@ -159,7 +235,9 @@ impl Disk {
         }
         also(&txn)?;
         txn.commit().map_err(storage)?;
-        self.reader.store(std::sync::Arc::new(reader(&self.db)?));
+        // Before the caller drops the keys from the cache (see `index`).
+        self.index.written(writes.iter().map(|w| w.key.as_str()), commit);
+        self.reader.store(Arc::new(reader(&self.db)?));
         Ok(before)
     }
 
@@ -201,4 +279,51 @@ impl Disk {
         }
         Ok((out, false))
     }
+}
+
+/// The index's builder: waits until a build is due, builds from one read
+/// transaction, swaps the result in; until the store is dropped.
+fn keep_index(index: &Index, db: &Weak<Database>) {
+    let has_entries =
+        || db.upgrade().and_then(|db| db.begin_read().ok()?.open_table(KEYS).ok()?.len().ok()).is_some_and(|n| n > 0);
+    while let Next::Build = index.next(has_entries) {
+        let Some(db) = db.upgrade() else { return };
+        let started = std::time::Instant::now();
+        match build(index, &db) {
+            Ok((file, generation, entries)) => {
+                index.built(file, generation);
+                tracing::info!(
+                    file = %index.path().display(),
+                    entries,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "per-key index built"
+                );
+            }
+            Err(BuildError::Stopped) => return,
+            Err(BuildError::Failed(e)) => {
+                index.failed();
+                tracing::warn!(
+                    file = %index.path().display(),
+                    "the per-key index could not be built: {e}; misses read the database (tried again after the next write or in 5 minutes)"
+                );
+            }
+        }
+    }
+}
+
+/// Build the index from a snapshot: the file, the snapshot's commit
+/// number, its entries.
+fn build(index: &Index, db: &Database) -> Result<(index::IndexFile, u64, u64), BuildError> {
+    let read = db.begin_read()?;
+    let (generation, commit) = last_commit(&read).map_err(|e| BuildError::Failed(e.to_string()))?;
+    let table = read.open_table(KEYS)?;
+    let mut b = Builder::new(index.path(), commit, table.len()?, &index.stopping)?;
+    for row in table.iter()? {
+        let (k, v) = row?;
+        b.add(k.value().as_bytes(), v.value())?;
+    }
+    drop(table);
+    drop(read);
+    let entries = b.entries();
+    Ok((b.finish()?, generation, entries))
 }

@@ -41,6 +41,7 @@
 
 mod disk;
 mod front;
+mod index;
 mod sharded;
 mod value;
 
@@ -328,6 +329,17 @@ pub struct KeyStats {
     pub notices: AtomicU64,
 }
 
+/// The on-disk hash index's state ([`PerKey::index_status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStatus {
+    /// An index is in use for misses (otherwise misses read the database).
+    pub ready: bool,
+    /// Misses it answered.
+    pub answered: u64,
+    /// Builds put in use.
+    pub builds: u64,
+}
+
 /// Rows of a listing (lookup key, value) and whether more follow.
 pub(crate) type Rows = (Vec<(String, Vec<u8>)>, bool);
 
@@ -432,6 +444,14 @@ impl PerKey {
         };
         this.set_counts(this.disk.counts()?);
         Ok(this)
+    }
+
+    /// The on-disk hash index in front of the database (built in the
+    /// background: after open when missing or out of date, and after
+    /// writes once they pause).
+    pub fn index_status(&self) -> IndexStatus {
+        let ix = self.disk.index();
+        IndexStatus { ready: ix.is_built(), answered: ix.answered.load(Relaxed), builds: ix.builds.load(Relaxed) }
     }
 
     /// Whether the entries are kept in Redis.
