@@ -26,7 +26,7 @@
 //! transaction and drops it, with a log line.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -98,13 +98,6 @@ fn last_commit(read: &ReadTransaction) -> Result<(u64, u64), KeyError> {
     Ok((get(GENERATION)?, get(COMMIT)?))
 }
 
-/// The index's file beside the database's.
-fn index_path(db: &Path) -> PathBuf {
-    let mut s = db.as_os_str().to_owned();
-    s.push(".index");
-    PathBuf::from(s)
-}
-
 impl Disk {
     /// Open (or create) the database at `path`, migrating a database
     /// written before tiers.
@@ -124,7 +117,7 @@ impl Disk {
         }
         txn.commit().map_err(storage)?;
         let (_, commit) = last_commit(&db.begin_read().map_err(storage)?)?;
-        let index = Arc::new(Index::open(index_path(path), commit));
+        let index = Arc::new(Index::open(index::with_suffix(path, ".index"), commit));
         let db = Arc::new(db);
         let builder = {
             let (index, db) = (Arc::clone(&index), Arc::downgrade(&db));
