@@ -109,14 +109,19 @@ impl Disk {
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(KEYS).map_err(storage)?;
         txn.open_table(COUNTS).map_err(storage)?;
-        {
+        let commit = {
             let mut meta = txn.open_table(META).map_err(storage)?;
-            if meta.get(COMMIT).map_err(storage)?.is_none() {
-                meta.insert(COMMIT, super::random()).map_err(storage)?;
+            let id = meta.get(COMMIT).map_err(storage)?.map(|v| v.value());
+            match id {
+                Some(id) => id,
+                None => {
+                    let id = super::random();
+                    meta.insert(COMMIT, id).map_err(storage)?;
+                    id
+                }
             }
-        }
+        };
         txn.commit().map_err(storage)?;
-        let (_, commit) = last_commit(&db.begin_read().map_err(storage)?)?;
         let index = Arc::new(Index::open(index::with_suffix(path, ".index"), commit));
         let db = Arc::new(db);
         let builder = {

@@ -345,7 +345,9 @@ impl<'a> Builder<'a> {
             let hi = if s + 1 == sections { buckets + TAIL } else { home(((s + 1) as u64) << self.shift, buckets) };
             let mut part = Section::new(lo, hi);
             for (at, rec) in std::mem::take(&mut carry) {
-                part.place(at, rec, &mut carry);
+                if !part.place(at, &rec) {
+                    carry.push((at, rec));
+                }
             }
             let mut spill = Vec::new();
             BufReader::new(File::open(self.spill_dir.join(s.to_string()))?).read_to_end(&mut spill)?;
@@ -354,7 +356,10 @@ impl<'a> Builder<'a> {
                 let h = u64::from_le_bytes(spill[i..i + 8].try_into().unwrap_or_default());
                 let len = usize::from(spill[i + 8]);
                 let rec = spill.get(i + 9..i + 9 + len).ok_or("a spill file ends early")?;
-                part.place_slice(home(h, buckets), rec, &mut carry);
+                let at = home(h, buckets);
+                if !part.place(at, rec) {
+                    carry.push((at, rec.to_vec()));
+                }
                 i += 9 + len;
             }
             out.write_all(&part.bytes)?;
@@ -389,21 +394,10 @@ impl Section {
         Self { lo, bytes: vec![0; n * BUCKET], fill: vec![1; n] }
     }
 
-    fn place(&mut self, home: u64, rec: Vec<u8>, carry: &mut Vec<(u64, Vec<u8>)>) {
-        if !self.try_place(home, &rec) {
-            carry.push((home, rec));
-        }
-    }
-
-    fn place_slice(&mut self, home: u64, rec: &[u8], carry: &mut Vec<(u64, Vec<u8>)>) {
-        if !self.try_place(home, rec) {
-            carry.push((home, rec.to_vec()));
-        }
-    }
-
     /// Put `rec` in the first bucket from `home` with room, flagging the
-    /// buckets passed; false when it ran past this section.
-    fn try_place(&mut self, home: u64, rec: &[u8]) -> bool {
+    /// buckets passed; false when it ran past this section (the caller
+    /// carries it into the next).
+    fn place(&mut self, home: u64, rec: &[u8]) -> bool {
         let mut b = home.saturating_sub(self.lo) as usize;
         while b < self.fill.len() {
             let at = usize::from(self.fill[b]);
@@ -453,7 +447,6 @@ struct State {
     lost_at: Option<u64>,
     last_write: Instant,
     retry_at: Option<Instant>,
-    stop: bool,
 }
 
 /// What the builder should do next.
@@ -478,7 +471,6 @@ impl Index {
                 lost_at: None,
                 last_write: Instant::now(),
                 retry_at: None,
-                stop: false,
             }),
             wake: Condvar::new(),
             answered: AtomicU64::new(0),
@@ -557,7 +549,9 @@ impl Index {
     pub(crate) fn next(&self, has_entries: impl Fn() -> bool) -> Next {
         let mut state = self.state();
         loop {
-            if state.stop {
+            // Read under the lock `stop` takes before it notifies: no
+            // wake-up is lost.
+            if self.stopping.load(Relaxed) {
                 return Next::Stop;
             }
             let due = !self.is_built() || state.dirty.len() >= REBUILD_AT;
@@ -594,7 +588,9 @@ impl Index {
     /// Stop the builder (the store is being dropped).
     pub(crate) fn stop(&self) {
         self.stopping.store(true, Relaxed);
-        self.state().stop = true;
+        // Taken and let go: a builder between its check and its wait is
+        // waiting by now, and the notice reaches it.
+        drop(self.state());
         self.wake.notify_all();
     }
 }
