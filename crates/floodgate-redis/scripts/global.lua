@@ -25,6 +25,15 @@
 --                the merge). The one thing a global decision reads beyond a
 --                regional one, named by the caller and read in the call's
 --                one MGET: no extra Redis command in the common case.
+--
+-- Who records the rule on G:m: for the GCRA family, the decision (a merge
+-- pours a peer's debt into the bucket at once, which needs the rule), so
+-- its G:x stays while the key is decided. For the window algorithms a
+-- merge needs no rule (the peers' counts go to G:x), so a decision whose
+-- key has no G:x (no peer sent a count that still counts, the common case)
+-- does nothing beyond a regional one: the sync's read records the rule
+-- instead (`read` with the rule given, at most a lazy period after the
+-- key's first admitted hit), and G:x lives only as long as peers' counts.
 
 -- The base G of a state key: the fingerprint suffix replaced by `g`.
 local bases = {}
@@ -191,18 +200,25 @@ local META_MIN_US = 30000000
 -- expiry refreshed less than half its time ago. Returns the peers' totals
 -- (slot -> total).
 local function gmeta(x, key, code, l, w, p, fp, u, h, now)
+  local kind = 1
+  if code == 'gc' or code == 'sh' then kind = 2 end
+  -- A window algorithm's key no peer counts for: nothing to read, nothing
+  -- to record (the sync's read records the rule).
+  if kind == 1 and not fetched(x) then return NONE end
   local t = xfast(x, fp, now)
   if t then return t end
   local e = xentry(x)
   if e.fp == fp and e.due > now then return e.t end
   local m = gbase(key) .. ':m'
   local ttl = math.max((h + 2) * u + w, META_MIN_US)
-  local kind = 1
-  if code == 'gc' or code == 'sh' then kind = 2 end
+  -- G:x stays past its peers' counts only for the GCRA family (its
+  -- presence is how a decision knows the rule is recorded).
+  local keep = now + ttl
+  if kind == 1 then keep = 0 end
   -- The same rule, only due: G:m needs a longer life, nothing else (when
   -- it is still there: else it is written again).
   if e.fp == fp and redis.call('PEXPIRE', m, int(math.floor(ttl / 1000) + TTL_SLACK_MS)) == 1 then
-    e.due, e.keep = now + math.floor(ttl / 2), now + ttl
+    e.due, e.keep = now + math.floor(ttl / 2), keep
     xput(x, e, u, h, now)
     return e.t
   end
@@ -217,7 +233,7 @@ local function gmeta(x, key, code, l, w, p, fp, u, h, now)
     end
   end
   expire(m, ttl)
-  e.fp, e.due, e.keep = fp, now + math.floor(ttl / 2), now + ttl
+  e.fp, e.due, e.keep = fp, now + math.floor(ttl / 2), keep
   xput(x, e, u, h, now)
   return e.t
 end
@@ -360,9 +376,36 @@ local function gmerge(now)
   return { merged, unchanged, stale, mismatched }
 end
 
+-- Record the rule a read was given on G:m (what merges and acknowledgements
+-- read; a window algorithm's decision leaves it to the read), with a fresh
+-- expiry; a GCRA key's debt that came before the rule is poured in. Returns
+-- G:m's fields as the read wants them: F K U H S C W B.
+local function grecord(g, key, spec, now)
+  local code, l, w, p, fp, kind, u, h = string.match(spec, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not code then return nil end
+  l, w, p, u, h = tonumber(l), tonumber(w), tonumber(p), tonumber(u), tonumber(h)
+  local m = g .. ':m'
+  if redis.call('HGET', m, 'F') ~= fp then
+    redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
+      'K', kind, 'U', int(u), 'H', int(h))
+    if kind == '2' then
+      local pend = redis.call('HMGET', m, 'p', 'ps')
+      local hits, since = tonumber(pend[1]), tonumber(pend[2])
+      if hits and hits > 0 then
+        gcra_debt(key, l, w, hits, since or now)
+        redis.call('HDEL', m, 'p', 'ps')
+      end
+    end
+  end
+  expire(m, math.max((h + 2) * u + w, META_MIN_US))
+  return { fp, kind, u, h, key, code, w, p }
+end
+
 -- read: what this region holds for each key, to send to a peer. KEYS: the
 -- bases G. ARGV after the op: now, full (1: every component; 0: own
--- counts only). Returns per key: fingerprint, kind, slot us, horizon
+-- counts only), then per key its state key S and "C L W B F K U H" (the
+-- rule, as G:m holds it; both '' when the caller does not know the rule:
+-- then G:m's is used). Returns per key: fingerprint, kind, slot us, horizon
 -- (kind 0: nothing known), n, then n x (region, incarnation, slot, count);
 -- region '' is this region's current incarnation.
 local function gread(now)
@@ -370,7 +413,10 @@ local function gread(now)
   local out = {}
   for i = 1, #KEYS do
     local g = KEYS[i]
-    local meta = redis.call('HMGET', g .. ':m', 'F', 'K', 'U', 'H', 'S', 'C', 'W', 'B')
+    local key, spec = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+    local meta
+    if key and key ~= '' then meta = grecord(g, key, spec, now) end
+    if not meta then meta = redis.call('HMGET', g .. ':m', 'F', 'K', 'U', 'H', 'S', 'C', 'W', 'B') end
     local kind, u, h = tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
     if not kind or not u or not h then
       out[#out + 1] = '0'; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of, slice};
-use floodgate_core::{Check, StoreError};
+use floodgate_core::{Check, Limit, StoreError};
 use redis::cluster_routing::Slot;
 
-use crate::script::{GlobalArgs, SHA, SOURCE, global_base};
+use crate::script::{GlobalArgs, SHA, SOURCE, algorithm, global_base, redis_key};
 use crate::store::RedisStore;
 
 /// How a region's store decides `global` checks.
@@ -174,9 +174,16 @@ impl RedisStore {
     /// `full` every other component too, their regions numbered in
     /// `regions` (extended as needed; index 0 is this region). `None` for a
     /// key nothing is known of.
+    ///
+    /// `rules` (as many as `keys`, or empty) are the keys' rules where the
+    /// caller knows them: the read records each on the key's global state,
+    /// which is where a window algorithm's rule is recorded (its decisions
+    /// leave that to this read; see `scripts/global.lua`). A key read
+    /// without its rule is read by the rule recorded there, if any.
     pub async fn read_global(
         &self,
         keys: &[String],
+        rules: &[Option<(&Limit, SyncMode)>],
         full: bool,
         incarnation: u64,
         regions: &mut Vec<String>,
@@ -185,13 +192,37 @@ impl RedisStore {
         let bases: Vec<String> = keys.iter().map(|k| self.base(k)).collect();
         let mut out: Vec<Option<Item>> = vec![None; keys.len()];
         let groups = self.by_slot(&bases);
-        let args = vec![
-            "read".to_owned(),
-            now.map_or_else(String::new, |n| n.to_string()),
-            if full { "1" } else { "0" }.to_owned(),
-        ];
-        let calls: Vec<(Vec<&str>, Vec<String>)> =
-            groups.iter().map(|g| (g.iter().map(|&i| bases[i].as_str()).collect(), args.clone())).collect();
+        let prefix = &self.config().key_prefix;
+        let calls: Vec<(Vec<&str>, Vec<String>)> = groups
+            .iter()
+            .map(|g| {
+                let mut args = Vec::with_capacity(3 + 2 * g.len());
+                args.extend([
+                    "read".to_owned(),
+                    now.map_or_else(String::new, |n| n.to_string()),
+                    if full { "1" } else { "0" }.to_owned(),
+                ]);
+                for &i in g {
+                    match rules.get(i).copied().flatten().and_then(|(l, m)| shape_of(l).map(|s| (l, m, s))) {
+                        Some((limit, mode, shape)) => {
+                            let (code, param) = algorithm(limit);
+                            let kind = if matches!(shape, Shape::Gcra { .. }) { 2 } else { 1 };
+                            args.push(redis_key(prefix, &keys[i], limit));
+                            args.push(format!(
+                                "{code} {} {} {param} {} {kind} {} {}",
+                                limit.limit(),
+                                limit.window_us(),
+                                fingerprint(limit, mode),
+                                shape.slot_us(),
+                                shape.horizon()
+                            ));
+                        }
+                        None => args.extend([String::new(), String::new()]),
+                    }
+                }
+                (g.iter().map(|&i| bases[i].as_str()).collect(), args)
+            })
+            .collect();
         let replies = self.ops(&calls).await?;
         for (group, reply) in groups.iter().zip(replies) {
             let v: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(reply)

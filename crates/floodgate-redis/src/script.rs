@@ -38,7 +38,7 @@ pub(crate) enum Op {
 }
 
 /// The algorithm code and its parameter (burst or granularity).
-fn algorithm(limit: &Limit) -> (&'static str, u64) {
+pub(crate) fn algorithm(limit: &Limit) -> (&'static str, u64) {
     match limit.algorithm() {
         Algorithm::FixedWindow => ("fw", 0),
         Algorithm::SlidingLog => ("sl", 0),

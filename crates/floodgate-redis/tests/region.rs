@@ -138,8 +138,16 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                 }
                 // Redis: read own counts, acknowledge them for both peers.
                 let mut regions = vec!["a".to_owned()];
-                let items =
-                    rt.block_on(redis.read_global(&[key.to_owned()], false, INC_A, &mut regions, Some(now))).unwrap();
+                let items = rt
+                    .block_on(redis.read_global(
+                        &[key.to_owned()],
+                        &[Some((limit, mode))],
+                        false,
+                        INC_A,
+                        &mut regions,
+                        Some(now),
+                    ))
+                    .unwrap();
                 if let Some(item) = &items[0] {
                     let own: Vec<(u64, u64)> =
                         item.components.iter().filter(|c| c.region == 0).map(|c| (c.slot, c.count)).collect();
@@ -251,4 +259,69 @@ fn a_scan_lists_every_primarys_keys() {
     let to = *primaries.iter().find(|&&p| p != from).unwrap();
     cluster.migrate_slot_of(moved, to);
     assert_eq!(listed("scan-test:*"), written, "after a slot moved");
+}
+
+/// A window algorithm's global decisions cost what a regional one does
+/// while no peer counts for the key: they write no global state (`G:m`,
+/// `G:x`); the sync's read, given the rule, records it on `G:m` (what a
+/// full state transfer lists and a merge checks fingerprints against), and
+/// a later read without the rule reads by the recorded one.
+#[test]
+fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let mode = SyncMode::Eventual;
+    let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
+    let now = T0 + 1_000;
+    for _ in 0..4 {
+        let check = Check { key: "w", limit: &limit, hits: 1, enforce: true, scope: Scope::Global(mode) };
+        let mut out = Vec::new();
+        rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+        assert!(out.pop().unwrap().unwrap().allowed);
+    }
+    let keys = |pattern: &str| -> Vec<String> {
+        let mut cmd = redis::cmd("KEYS");
+        cmd.arg(pattern);
+        redis::FromRedisValue::from_redis_value(rt.block_on(redis.raw(&cmd)).unwrap()).unwrap()
+    };
+    assert!(keys("*:g*").is_empty(), "decisions wrote global state: {:?}", keys("*"));
+    let mut regions = vec!["a".to_owned()];
+    // Without the rule, and none recorded: nothing to send yet.
+    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], false, INC_A, &mut regions, Some(now))).unwrap();
+    assert!(read[0].is_none());
+    let read = rt
+        .block_on(redis.read_global(&["w".to_owned()], &[Some((&limit, mode))], false, INC_A, &mut regions, Some(now)))
+        .unwrap();
+    let item = read[0].as_ref().expect("the read knows the key by its rule");
+    assert_eq!(item.fingerprint, fingerprint(&limit, mode));
+    assert_eq!(item.components.iter().map(|c| c.count).sum::<u64>(), 4);
+    assert_eq!(keys("*:g:m").len(), 1, "the rule is recorded for a full state's listing");
+    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], true, INC_A, &mut regions, Some(now))).unwrap();
+    assert_eq!(read[0].as_ref().map(|i| i.components.iter().map(|c| c.count).sum::<u64>()), Some(4));
+    // A peer's count with another rule's fingerprint is a mismatch.
+    let other = Limit::new(Algorithm::FixedWindow, 20, Duration::from_secs(60)).unwrap();
+    let shape = shape_of(&limit).unwrap();
+    let batch = Batch {
+        from: "b".into(),
+        regions: vec!["b".into()],
+        from_incarnation: 20,
+        to_incarnation: INC_A,
+        seq: 1,
+        items: vec![Item {
+            key: "w".into(),
+            fingerprint: fingerprint(&other, mode),
+            shape,
+            components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count: 3 }],
+        }],
+        complete: false,
+    };
+    let stats = rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+    assert_eq!((stats.merged, stats.mismatched), (1, 1));
+    let check = Check { key: "w", limit: &limit, hits: 4, enforce: true, scope: Scope::Global(mode) };
+    let mut out = Vec::new();
+    rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+    let d = out.pop().unwrap().unwrap();
+    assert!(!d.allowed, "4 own + 3 of b's + 4 > 10");
+    assert_eq!(d.remaining, 3);
 }

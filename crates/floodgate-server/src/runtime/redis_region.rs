@@ -16,8 +16,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floodgate_core::region::{Ack, Batch, Item, Lazy, LinkStats, Receipt, SyncMode, TableStats, can_wait};
-use floodgate_core::{Clock, SystemClock};
+use floodgate_core::region::{Ack, Batch, Item, Lazy, LinkStats, Receipt, SyncMode, TableStats, can_wait, fingerprint};
+use floodgate_core::{Clock, Limit, SystemClock};
 use floodgate_redis::{RedisStore, RegionCtx};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -36,12 +36,37 @@ const MAX_QUEUE: usize = 1 << 20;
 const MAX_SHARED: usize = 4 * BATCH_ITEMS;
 /// Each `SCAN` call of a full state transfer's listing, at most.
 const SCAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Rules remembered by fingerprint, at most (then forgotten all at once:
+/// only a hot reload makes new ones, and a key whose rule is forgotten is
+/// read by the rule recorded in Redis).
+const MAX_RULES: usize = 4096;
+
+/// What a queued key carries.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tag {
+    /// Whether its rule is bounded (its acknowledgements matter).
+    bounded: bool,
+    /// Its rule's fingerprint (in [`RedisRegion::rules`]; 0: not known
+    /// here, as for a full state's keys). The read records the rule on the
+    /// key's global state, where a window algorithm's decision leaves it.
+    rule: u64,
+}
+
+impl Tag {
+    /// A key queued again: bounded if either was, the newer rule.
+    fn join(&mut self, newer: Tag) {
+        self.bounded |= newer.bounded;
+        if newer.rule != 0 {
+            self.rule = newer.rule;
+        }
+    }
+}
 
 struct InFlight {
     seq: u64,
     sent_us: u64,
-    /// The keys sent, each with whether its rule is bounded.
-    keys: Vec<(String, bool)>,
+    /// The keys sent, each with its tag.
+    keys: Vec<(String, Tag)>,
     acked: Vec<(String, Vec<(u64, u64)>)>,
     full: bool,
     complete: bool,
@@ -58,14 +83,13 @@ struct Link {
     /// Keys to send, oldest first; one not in `queued` (taken since by
     /// another peer's read, see `shared`) is skipped.
     queue: VecDeque<String>,
-    /// The keys in `queue`, each with whether its rule is bounded (its
-    /// acknowledgements matter).
-    queued: HashMap<String, bool>,
+    /// The keys in `queue`, each with its tag.
+    queued: HashMap<String, Tag>,
     /// Items another peer's batch read from Redis after this peer's queue
     /// had their keys: as new as a read of its own would be, so they go
     /// out without one (every peer's queue has about the same keys, and
     /// reading is what a Redis region's sync costs).
-    shared: VecDeque<(Item, bool)>,
+    shared: VecDeque<(Item, Tag)>,
     overflowed: bool,
     full: Option<Full>,
     known_incarnation: Option<u64>,
@@ -89,8 +113,12 @@ pub struct RedisRegion {
     links: Box<[Mutex<Link>]>,
     seq: AtomicU64,
     /// Per key of an eventual limit waiting in `lazy`: own hits not yet
-    /// queued.
-    pending: Mutex<HashMap<String, u64>>,
+    /// queued, and its rule's fingerprint.
+    pending: Mutex<HashMap<String, (u64, u64)>>,
+    /// The rules of the keys queued, by fingerprint (few: one per rule).
+    rules: Mutex<HashMap<u64, (Limit, SyncMode)>>,
+    /// The fingerprint last put in `rules` (most decisions need no lock).
+    last_rule: AtomicU64,
     /// Keys waiting to be queued, and failing links.
     lazy: Lazy<String>,
     interval_us: u64,
@@ -133,6 +161,8 @@ impl RedisRegion {
             warming,
             seq: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
+            rules: Mutex::new(HashMap::new()),
+            last_rule: AtomicU64::new(0),
             lazy: Lazy::new(lazy_us),
             interval_us,
             ack_timeout_us: 2_000_000,
@@ -180,43 +210,60 @@ impl RedisRegion {
         self.warming.store(warming, Ordering::Release);
     }
 
-    /// After a global decision admitted `hits` of `key` (`remaining` left,
-    /// as this region sees it): queue it for the peers now, or within the
-    /// lazy period when those hits cannot matter before (see
-    /// `floodgate_core::region`).
-    pub fn touched(&self, key: &str, mode: SyncMode, hits: u64, remaining: u64) {
+    /// After a global decision under `limit` admitted `hits` of `key`
+    /// (`remaining` left, as this region sees it): queue it for the peers
+    /// now, or within the lazy period when those hits cannot matter before
+    /// (see `floodgate_core::region`).
+    pub fn touched(&self, key: &str, limit: &Limit, mode: SyncMode, hits: u64, remaining: u64) {
+        let rule = self.rule(limit, mode);
         let bounded = matches!(mode, SyncMode::Bounded { .. });
         if bounded || self.warming.load(Ordering::Acquire) || self.lazy.eager() {
             lock(&self.pending).remove(key);
-            self.queue(key, bounded);
+            self.queue(key, Tag { bounded, rule });
             return;
         }
         let mut pending = lock(&self.pending);
         let (unsent, new) = match pending.get_mut(key) {
             Some(e) => {
-                *e = e.saturating_add(hits);
-                (*e, false)
+                *e = (e.0.saturating_add(hits), rule);
+                (e.0, false)
             }
             None => {
-                pending.insert(key.to_owned(), hits);
+                pending.insert(key.to_owned(), (hits, rule));
                 (hits, true)
             }
         };
         if !can_wait(unsent, remaining, self.peers.len() + 1) {
             pending.remove(key);
             drop(pending);
-            self.queue(key, false);
+            self.queue(key, Tag { bounded: false, rule });
         } else if new {
             drop(pending);
             self.lazy.wait(self.clock.now_us(), key.to_owned());
         }
     }
 
-    fn queue(&self, key: &str, bounded: bool) {
+    /// The fingerprint of `limit` under `mode`, its rule remembered.
+    fn rule(&self, limit: &Limit, mode: SyncMode) -> u64 {
+        let fp = fingerprint(limit, mode);
+        if self.last_rule.load(Ordering::Relaxed) != fp {
+            let mut rules = lock(&self.rules);
+            if !rules.contains_key(&fp) {
+                if rules.len() >= MAX_RULES {
+                    rules.clear();
+                }
+                rules.insert(fp, (limit.clone(), mode));
+            }
+            self.last_rule.store(fp, Ordering::Relaxed);
+        }
+        fp
+    }
+
+    fn queue(&self, key: &str, tag: Tag) {
         for link in self.links.iter() {
             let mut l = lock(link);
-            if let Some(b) = l.queued.get_mut(key) {
-                *b |= bounded;
+            if let Some(t) = l.queued.get_mut(key) {
+                t.join(tag);
                 continue;
             }
             if l.queue.len() >= MAX_QUEUE {
@@ -224,7 +271,7 @@ impl RedisRegion {
                 l.overflowed = true;
                 continue;
             }
-            l.queued.insert(key.to_owned(), bounded);
+            l.queued.insert(key.to_owned(), tag);
             l.queue.push_back(key.to_owned());
         }
     }
@@ -233,8 +280,9 @@ impl RedisRegion {
     fn queue_lazy(&self, keys: Vec<String>) {
         for k in keys {
             // Gone when an urgent touch has queued it since.
-            if lock(&self.pending).remove(&k).is_some() {
-                self.queue(&k, false);
+            let waiting = lock(&self.pending).remove(&k);
+            if let Some((_, rule)) = waiting {
+                self.queue(&k, Tag { bounded: false, rule });
             }
         }
     }
@@ -305,11 +353,11 @@ impl RedisRegion {
             }
             return;
         }
-        for (k, bounded) in f.keys {
+        for (k, tag) in f.keys {
             match l.queued.get_mut(&k) {
-                Some(b) => *b |= bounded,
+                Some(t) => t.join(tag),
                 None => {
-                    l.queued.insert(k.clone(), bounded);
+                    l.queued.insert(k.clone(), tag);
                     l.queue.push_back(k);
                 }
             }
@@ -318,8 +366,8 @@ impl RedisRegion {
 
     /// Take `keys` out of every other peer's queue that has them (a peer
     /// that is failing, or holds enough shared items already, reads its
-    /// own): per peer, the keys taken and whether each is bounded there.
-    fn take_for_others(&self, p: usize, keys: &[(String, bool)]) -> Vec<(usize, Vec<(String, bool)>)> {
+    /// own): per peer, the keys taken and their tags there.
+    fn take_for_others(&self, p: usize, keys: &[(String, Tag)]) -> Vec<(usize, Vec<(String, Tag)>)> {
         let mut taken = Vec::new();
         for (q, link) in self.links.iter().enumerate() {
             if q == p {
@@ -329,7 +377,7 @@ impl RedisRegion {
             if l.failing || l.shared.len() >= MAX_SHARED || l.queued.is_empty() {
                 continue;
             }
-            let ks: Vec<(String, bool)> =
+            let ks: Vec<(String, Tag)> =
                 keys.iter().filter_map(|(k, _)| l.queued.remove(k).map(|b| (k.clone(), b))).collect();
             if !ks.is_empty() {
                 taken.push((q, ks));
@@ -422,7 +470,7 @@ impl floodgate_sync::Region for RedisRegion {
             if let Some(f) = &mut l.full {
                 while keys.len() < BATCH_ITEMS {
                     match f.keys.pop_front() {
-                        Some(k) => keys.push((k, false)),
+                        Some(k) => keys.push((k, Tag::default())),
                         None => break,
                     }
                 }
@@ -443,8 +491,8 @@ impl floodgate_sync::Region for RedisRegion {
                 while keys.len() + shared.len() < BATCH_ITEMS {
                     match l.queue.pop_front() {
                         Some(k) => {
-                            if let Some(bounded) = l.queued.remove(&k) {
-                                keys.push((k, bounded));
+                            if let Some(tag) = l.queued.remove(&k) {
+                                keys.push((k, tag));
                             }
                         }
                         None => break,
@@ -468,7 +516,13 @@ impl floodgate_sync::Region for RedisRegion {
         let read = if names.is_empty() {
             Ok(Vec::new())
         } else {
-            self.store.read_global(&names, full, incarnation, &mut regions, None).await
+            let known: Vec<Option<(Limit, SyncMode)>> = {
+                let rules = lock(&self.rules);
+                keys.iter().map(|(_, t)| rules.get(&t.rule).cloned()).collect()
+            };
+            let rules: Vec<Option<(&Limit, SyncMode)>> =
+                known.iter().map(|r| r.as_ref().map(|(l, m)| (l, *m))).collect();
+            self.store.read_global(&names, &rules, full, incarnation, &mut regions, None).await
         };
         let Ok(read) = read else {
             // Redis failing: the keys go out again later, to every peer.
@@ -499,7 +553,7 @@ impl floodgate_sync::Region for RedisRegion {
             keys.push((item.key.clone(), b));
             items.push(item);
         }
-        let bounded: HashSet<&str> = keys.iter().filter(|(_, b)| *b).map(|(k, _)| k.as_str()).collect();
+        let bounded: HashSet<&str> = keys.iter().filter(|(_, t)| t.bounded).map(|(k, _)| k.as_str()).collect();
         // What a bounded key's acknowledgement will confirm: this region's
         // own counts as sent.
         let acked: Vec<(String, Vec<(u64, u64)>)> = items

@@ -66,7 +66,7 @@ impl Store for ServerStore {
                         && d.allowed
                         && c.hits > 0
                     {
-                        region.touched(c.key, mode, c.hits, d.remaining);
+                        region.touched(c.key, c.limit, mode, c.hits, d.remaining);
                     }
                 }
             }
