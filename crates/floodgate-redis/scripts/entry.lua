@@ -24,8 +24,9 @@
 --              is denied alike), and for "apply" 1 when a denial denies the
 --              request (0 for a shadow-mode limit), for "refund" the time
 --              the hits were taken; then the scope ('' regional, else a
---              global check's G:x key, global.lua) and for a global
---              check "U H S P W R F": its slot
+--              global check's G:x key, global.lua: named by the caller, as
+--              a string made in Lua costs more than the argument) and for
+--              a global check "U H S P W R F": its slot
 --              length (us) and horizon, the bounded slice (0: none), the
 --              number of peers, the warming cap (0: none), the retry time
 --              of a capped denial (us), the limit's fingerprint.
@@ -173,19 +174,24 @@ while a <= #ARGV do
         allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
       elseif spec then
         -- Global: decide over every region's counts, then count and cap.
+        -- (A window algorithm's key with no G:x, no slice and no warming
+        -- cap, the common case, skips the calls below: in Redis's Lua
+        -- they cost what a regional decision's own work does.)
         local key = KEYS[k + i]
-        local remote_totals = gmeta(x, key, code, l, w, p, fp, spec[1], spec[2], now)
+        local gcra = code == 'gc' or code == 'sh'
+        if gcra or raw[x] then
+          REMOTE = gmeta(x, key, code, l, w, p, fp, spec[1], spec[2], now)
+        end
         -- The GCRA state as it was: a capped request leaves it exactly so
         -- (a refund would leave a tat clamped up to now).
         local before = nil
-        if code == 'gc' or code == 'sh' then
+        if gcra then
           local s = numbers(key, 2)
           if s then before = { s[1], s[2] } else before = { 0, 0 } end
         end
-        REMOTE = remote_totals
         allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
         REMOTE = nil
-        if allowed and hits > 0 then
+        if allowed and hits > 0 and (gcra or spec[3] > 0 or spec[5] > 0) then
           local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before)
           if left then
             allowed, retry, delay = false, capped_retry, 0

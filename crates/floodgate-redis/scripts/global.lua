@@ -25,6 +25,9 @@
 --                the merge). The one thing a global decision reads beyond a
 --                regional one, named by the caller and read in the call's
 --                one MGET: no extra Redis command in the common case.
+--   G:r          a string "<fingerprint> <due>": the rule a read recorded on
+--                G:m and when that record is due again (grecord), so the
+--                sync's read of a batch fetches every key's in one MGET.
 --
 -- Who records the rule on G:m: for the GCRA family, the decision (a merge
 -- pours a peer's debt into the bucket at once, which needs the rule), so
@@ -187,11 +190,12 @@ local function own_slots(key, g, code, w, p, u, h, now)
   return out
 end
 
--- G:m and G:x stay at least this long (us) after a decision, so a key
--- decided often is refreshed at most every 15 s however short its window
--- (each costs one PEXPIRE and one SET); the price is ~300 bytes per key
--- kept up to 30 s after its last use.
-local META_MIN_US = 30000000
+-- G:m (and G:r, or a GCRA key's G:x) stay at least this long (us) after
+-- the decision or read that recorded the rule, so a key decided often is
+-- recorded again at most every minute however short its window (each
+-- costs a few commands); the price is ~300 bytes per key kept up to two
+-- minutes after its last use.
+local META_MIN_US = 120000000
 
 -- Record the rule on G:m (what a merge needs to pour GCRA debt, and the
 -- shape), and drain debt that came before it. Every global decision comes
@@ -376,29 +380,51 @@ local function gmerge(now)
   return { merged, unchanged, stale, mismatched }
 end
 
--- Record the rule a read was given on G:m (what merges and acknowledgements
--- read; a window algorithm's decision leaves it to the read), with a fresh
--- expiry; a GCRA key's debt that came before the rule is poured in. Returns
--- G:m's fields as the read wants them: F K U H S C W B.
-local function grecord(g, key, spec, now)
-  local code, l, w, p, fp, kind, u, h = string.match(spec, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  if not code then return nil end
-  l, w, p, u, h = tonumber(l), tonumber(w), tonumber(p), tonumber(u), tonumber(h)
+-- The rule a read was given, parsed (once per call per rule): {code, l,
+-- w, p, fp, kind, u, h}, or false for a malformed one.
+local rspecs = {}
+local function rspec(spec)
+  local r = rspecs[spec]
+  if r == nil then
+    r = false
+    local code, l, w, p, fp, kind, u, h = string.match(spec, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if code then r = { code, tonumber(l), tonumber(w), tonumber(p), fp, kind, tonumber(u), tonumber(h) } end
+    rspecs[spec] = r
+  end
+  return r
+end
+
+-- Record the rule r (rspec) a read was given on G:m (what merges and
+-- acknowledgements read; a window algorithm's decision leaves it to the
+-- read), and beside it G:r, the string "<fingerprint> <due>": the rule
+-- recorded and when G:m's expiry is next due for refreshing. The read
+-- fetches every key's G:r in one MGET, so a key read every interval costs
+-- no Redis command here until its record is due (half its life); then G:m
+-- is written again (and a GCRA key's debt that came before the rule is
+-- poured in).
+local function grecord(g, key, r, now)
+  local code, l, w, p, fp, kind, u, h = r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
+  local held = fetched(g .. ':r')
+  local n = #fp
+  if held and string.byte(held, n + 1) == 32 and string.sub(held, 1, n) == fp
+    and (tonumber(string.sub(held, n + 2)) or 0) > now then
+    return
+  end
   local m = g .. ':m'
-  if redis.call('HGET', m, 'F') ~= fp then
-    redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
-      'K', kind, 'U', int(u), 'H', int(h))
-    if kind == '2' then
-      local pend = redis.call('HMGET', m, 'p', 'ps')
-      local hits, since = tonumber(pend[1]), tonumber(pend[2])
-      if hits and hits > 0 then
-        gcra_debt(key, l, w, hits, since or now)
-        redis.call('HDEL', m, 'p', 'ps')
-      end
+  local ttl = math.max((h + 2) * u + w, META_MIN_US)
+  redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
+    'K', kind, 'U', int(u), 'H', int(h))
+  if kind == '2' then
+    local pend = redis.call('HMGET', m, 'p', 'ps')
+    local hits, since = tonumber(pend[1]), tonumber(pend[2])
+    if hits and hits > 0 then
+      gcra_debt(key, l, w, hits, since or now)
+      redis.call('HDEL', m, 'p', 'ps')
     end
   end
-  expire(m, math.max((h + 2) * u + w, META_MIN_US))
-  return { fp, kind, u, h, key, code, w, p }
+  expire(m, ttl)
+  redis.call('SET', g .. ':r', fp .. ' ' .. int(now + math.floor(ttl / 2)), 'PX',
+    int(math.floor(ttl / 1000) + TTL_SLACK_MS))
 end
 
 -- read: what this region holds for each key, to send to a peer. KEYS: the
@@ -407,18 +433,48 @@ end
 -- rule, as G:m holds it; both '' when the caller does not know the rule:
 -- then G:m's is used). Returns per key: fingerprint, kind, slot us, horizon
 -- (kind 0: nothing known), n, then n x (region, incarnation, slot, count);
--- region '' is this region's current incarnation.
+-- region '' is this region's current incarnation. Except, for a key read
+-- with its rule, of fixed_window or sliding_window, not full: '=' and its
+-- state string ('' when missing), which the caller reads as the own
+-- counts (as own_slots does here): the common case of every batch, with
+-- no Redis command and no table made per key.
 local function gread(now)
   local full = ARGV[3] == '1'
   local out = {}
+  -- Every given rule's G:r and string state, in one MGET.
+  local rules, fetch = {}, {}
+  for i = 1, #KEYS do
+    local key, spec = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+    if key and key ~= '' then
+      local r = rspec(spec)
+      if r then
+        rules[i] = r
+        fetch[#fetch + 1] = KEYS[i] .. ':r'
+        if r[1] == 'fw' or r[1] == 'sw' then fetch[#fetch + 1] = key end
+      end
+    end
+  end
+  prefetch(fetch)
   for i = 1, #KEYS do
     local g = KEYS[i]
-    local key, spec = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
-    local meta
-    if key and key ~= '' then meta = grecord(g, key, spec, now) end
-    if not meta then meta = redis.call('HMGET', g .. ':m', 'F', 'K', 'U', 'H', 'S', 'C', 'W', 'B') end
-    local kind, u, h = tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
-    if not kind or not u or not h then
+    local r, meta = rules[i], nil
+    if r then
+      local key = ARGV[2 + 2 * i]
+      grecord(g, key, r, now)
+      if not full and (r[1] == 'fw' or r[1] == 'sw') then
+        out[#out + 1] = '='
+        out[#out + 1] = fetched(key) or ''
+      else
+        meta = { r[5], r[6], r[7], r[8], key, r[1], r[3], r[4] }
+      end
+    else
+      meta = redis.call('HMGET', g .. ':m', 'F', 'K', 'U', 'H', 'S', 'C', 'W', 'B')
+    end
+    local kind, u, h
+    if meta then kind, u, h = tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4]) end
+    if not meta then
+      -- answered above
+    elseif not kind or not u or not h then
       out[#out + 1] = '0'; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
     else
       local comps = {}

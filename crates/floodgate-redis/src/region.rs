@@ -14,7 +14,7 @@ use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprin
 use floodgate_core::{Check, Limit, StoreError};
 use redis::cluster_routing::Slot;
 
-use crate::script::{GlobalArgs, SHA, SOURCE, algorithm, global_base, redis_key};
+use crate::script::{GlobalArgs, SHA, SOURCE, algorithm, global_base, global_key, redis_key};
 use crate::store::RedisStore;
 
 /// How a region's store decides `global` checks.
@@ -45,7 +45,7 @@ pub struct MergeStats {
 impl RedisStore {
     /// The script's global arguments for a check, when this store is a
     /// region's and the check is global.
-    pub(crate) fn global_args(&self, c: &Check<'_>) -> Option<GlobalArgs> {
+    pub(crate) fn global_args(&self, c: &Check<'_>) -> Option<(String, GlobalArgs)> {
         let ctx = self.region_ctx()?;
         let floodgate_core::region::Scope::Global(mode) = c.scope else { return None };
         let shape = shape_of(c.limit)?;
@@ -63,16 +63,19 @@ impl RedisStore {
         } else {
             0
         };
-        Some(GlobalArgs {
-            x: format!("{}:x", self.base(c.key)),
-            slot_us: shape.slot_us(),
-            horizon: shape.horizon(),
-            slice: bounded,
-            peers: n - 1,
-            warm,
-            retry_us: ctx.retry_us,
-            fingerprint: fingerprint(c.limit, mode),
-        })
+        let x = global_key(&self.config().key_prefix, c.key, ":x");
+        Some((
+            x,
+            GlobalArgs {
+                slot_us: shape.slot_us(),
+                horizon: shape.horizon(),
+                slice: bounded,
+                peers: n - 1,
+                warm,
+                retry_us: ctx.retry_us,
+                fingerprint: fingerprint(c.limit, mode),
+            },
+        ))
     }
 
     /// The base key of a counter key's global state.
@@ -232,6 +235,23 @@ impl RedisStore {
             let num = |x: &redis::Value| -> u64 { text(x).parse().unwrap_or(0) };
             let mut at = 0;
             for &i in group {
+                if v.get(at).is_some_and(|x| text(x) == "=") {
+                    // A window key read with its rule: its state string.
+                    let state = v.get(at + 1).map(text).unwrap_or_default();
+                    at += 2;
+                    if let Some((limit, mode)) = rules.get(i).copied().flatten()
+                        && let Some(shape) = shape_of(limit)
+                    {
+                        let components = own_counts(&state, limit, incarnation);
+                        out[i] = Some(Item {
+                            key: keys[i].clone(),
+                            fingerprint: fingerprint(limit, mode),
+                            shape,
+                            components,
+                        });
+                    }
+                    continue;
+                }
                 let head =
                     v.get(at..at + 5).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
                 let (fp, kind, u, h, n) = (num(&head[0]), num(&head[1]), num(&head[2]), num(&head[3]), num(&head[4]));
@@ -287,5 +307,57 @@ impl RedisStore {
         }
         self.ops(&calls).await?;
         Ok(())
+    }
+}
+
+/// This region's own counts in a fixed_window or sliding_window state
+/// string, as `own_slots` in `scripts/global.lua` reads them: fixed_window
+/// `"<window id> <count>"`, sliding_window `"<window id> <previous count>
+/// <current count>"`; nothing for another algorithm or a malformed state.
+fn own_counts(state: &str, limit: &Limit, incarnation: u64) -> Vec<Component> {
+    let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    let nums: Option<Vec<u64>> = state.split(' ').map(|n| if digits(n) { n.parse().ok() } else { None }).collect();
+    let own = |slot, count| Component { region: 0, incarnation, slot, count };
+    let mut out = Vec::new();
+    match (limit.algorithm(), nums.as_deref()) {
+        (floodgate_core::Algorithm::FixedWindow, Some(&[id, count])) if count > 0 => out.push(own(id, count)),
+        (floodgate_core::Algorithm::SlidingWindow, Some(&[id, prev, cur])) => {
+            if prev > 0 {
+                out.push(own(id.saturating_sub(1), prev));
+            }
+            if cur > 0 {
+                out.push(own(id, cur));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use floodgate_core::{Algorithm, Limit};
+
+    use super::own_counts;
+
+    #[test]
+    fn own_counts_read_a_state_as_the_script_does() {
+        let s = Duration::from_secs(1);
+        let fw = Limit::new(Algorithm::FixedWindow, 10, s).unwrap();
+        let sw = Limit::new(Algorithm::SlidingWindow, 10, s).unwrap();
+        let counts = |state: &str, l: &Limit| -> Vec<(u64, u64)> {
+            own_counts(state, l, 7).iter().map(|c| (c.slot, c.count)).collect()
+        };
+        assert_eq!(counts("12 3", &fw), [(12, 3)]);
+        assert_eq!(counts("12 0", &fw), []);
+        assert_eq!(counts("", &fw), []);
+        assert_eq!(counts("12 3 4", &fw), [], "not a fixed window's state");
+        assert_eq!(counts("12 3x", &fw), []);
+        assert_eq!(counts("12 3 4", &sw), [(11, 3), (12, 4)]);
+        assert_eq!(counts("12 0 4", &sw), [(12, 4)]);
+        assert_eq!(counts("12 3", &sw), []);
+        assert!(own_counts("12 3", &fw, 7).iter().all(|c| c.region == 0 && c.incarnation == 7));
     }
 }

@@ -69,12 +69,26 @@ pub fn redis_key(prefix: &str, key: &str, limit: &Limit) -> String {
 /// limit fingerprint, so peers, which do not know this region's limit,
 /// find it.
 pub fn global_base(prefix: &str, key: &str) -> String {
+    global_key(prefix, key, "")
+}
+
+/// `global_base` followed by `suffix` (e.g. `":x"`), made in one
+/// allocation: a global decision names its G:x this way.
+pub(crate) fn global_key(prefix: &str, key: &str, suffix: &str) -> String {
     let tag_len = match key.rfind('#') {
         Some(i) if i + 1 < key.len() && key[i + 1..].bytes().all(|b| b.is_ascii_digit()) => i,
         _ => key.len(),
     };
     let (tag, rest) = key.split_at(tag_len);
-    format!("{prefix}{{{tag}}}{rest}:g")
+    let mut out = String::with_capacity(prefix.len() + key.len() + 4 + suffix.len());
+    out.push_str(prefix);
+    out.push('{');
+    out.push_str(tag);
+    out.push('}');
+    out.push_str(rest);
+    out.push_str(":g");
+    out.push_str(suffix);
+    out
 }
 
 /// One check's arguments, owned: a request queued for a batch outlives the
@@ -88,15 +102,14 @@ pub(crate) struct CheckArgs {
     hits: u64,
     flag: u64,
     /// For a global check in a region: what the script needs beyond the
-    /// algorithm (see `GlobalArgs`).
-    global: Option<GlobalArgs>,
+    /// algorithm: the key's G:x (`scripts/global.lua`, read with the
+    /// states) and `GlobalArgs`, formatted.
+    global: Option<(String, std::sync::Arc<str>)>,
 }
 
 /// A global check's extra arguments (entry.lua: G:x, then "U H S P W R F").
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GlobalArgs {
-    /// The key's G:x (`scripts/global.lua`), read with the states.
-    pub(crate) x: String,
     pub(crate) slot_us: u64,
     pub(crate) horizon: u64,
     pub(crate) slice: u64,
@@ -106,10 +119,36 @@ pub(crate) struct GlobalArgs {
     pub(crate) fingerprint: u64,
 }
 
+impl GlobalArgs {
+    /// The "U H S P W R F" argument, formatted once per thread for a run of
+    /// checks with the same arguments (a rule's checks, between changes of
+    /// the region's warming), not once per check.
+    pub(crate) fn text(&self) -> std::sync::Arc<str> {
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(GlobalArgs, std::sync::Arc<str>)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        LAST.with_borrow_mut(|last| {
+            if let Some((args, text)) = last
+                && args == self
+            {
+                return text.clone();
+            }
+            let text: std::sync::Arc<str> = format!(
+                "{} {} {} {} {} {} {}",
+                self.slot_us, self.horizon, self.slice, self.peers, self.warm, self.retry_us, self.fingerprint
+            )
+            .into();
+            *last = Some((self.clone(), text.clone()));
+            text
+        })
+    }
+}
+
 impl CheckArgs {
     /// With the global arguments of a check the region decides as global.
-    pub(crate) fn with_global(mut self, global: Option<GlobalArgs>) -> Self {
-        self.global = global;
+    pub(crate) fn with_global(mut self, global: Option<(String, GlobalArgs)>) -> Self {
+        self.global = global.map(|(x, g)| (x, g.text()));
         self
     }
 
@@ -164,10 +203,7 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
             cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
             match &c.global {
                 None => cmd.arg("").arg(""),
-                Some(g) => cmd.arg(&g.x).arg(format!(
-                    "{} {} {} {} {} {} {}",
-                    g.slot_us, g.horizon, g.slice, g.peers, g.warm, g.retry_us, g.fingerprint
-                )),
+                Some((x, text)) => cmd.arg(x).arg(&**text),
             };
         }
     }

@@ -39,7 +39,7 @@ const SCAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Rules remembered by fingerprint, at most (then forgotten all at once:
 /// only a hot reload makes new ones, and a key whose rule is forgotten is
 /// read by the rule recorded in Redis).
-const MAX_RULES: usize = 4096;
+const MAX_RULES: usize = 65_536;
 
 /// What a queued key carries.
 #[derive(Debug, Clone, Copy, Default)]
