@@ -20,6 +20,10 @@ use floodgate_core::region::{Ack, Batch, Item, Lazy, LinkStats, Receipt, SyncMod
 use floodgate_core::{Clock, Limit, SystemClock};
 use floodgate_redis::{RedisStore, RegionCtx};
 
+/// The maps of keys (client-chosen): foldhash, randomly seeded against hash
+/// flooding, as the memory store's and the memory region's tables.
+type KeyMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -84,7 +88,7 @@ struct Link {
     /// another peer's read, see `shared`) is skipped.
     queue: VecDeque<String>,
     /// The keys in `queue`, each with its tag.
-    queued: HashMap<String, Tag>,
+    queued: KeyMap<Tag>,
     /// Items another peer's batch read from Redis after this peer's queue
     /// had their keys: as new as a read of its own would be, so they go
     /// out without one (every peer's queue has about the same keys, and
@@ -114,7 +118,7 @@ pub struct RedisRegion {
     seq: AtomicU64,
     /// Per key of an eventual limit waiting in `lazy`: own hits not yet
     /// queued, and its rule's fingerprint.
-    pending: Mutex<HashMap<String, (u64, u64)>>,
+    pending: Mutex<KeyMap<(u64, u64)>>,
     /// The rules of the keys queued, by fingerprint (few: one per rule).
     rules: Mutex<HashMap<u64, (Limit, SyncMode)>>,
     /// The fingerprint last put in `rules` (most decisions need no lock).
@@ -160,7 +164,7 @@ impl RedisRegion {
             incarnation: AtomicU64::new(0),
             warming,
             seq: AtomicU64::new(0),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(KeyMap::default()),
             rules: Mutex::new(HashMap::new()),
             last_rule: AtomicU64::new(0),
             lazy: Lazy::new(lazy_us),
