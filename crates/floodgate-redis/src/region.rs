@@ -205,20 +205,29 @@ impl RedisStore {
                     now.map_or_else(String::new, |n| n.to_string()),
                     if full { "1" } else { "0" }.to_owned(),
                 ]);
+                // A batch's keys mostly share a rule: its text is made once.
+                let mut last: Option<(u64, String)> = None;
                 for &i in g {
                     match rules.get(i).copied().flatten().and_then(|(l, m)| shape_of(l).map(|s| (l, m, s))) {
                         Some((limit, mode, shape)) => {
-                            let (code, param) = algorithm(limit);
-                            let kind = if matches!(shape, Shape::Gcra { .. }) { 2 } else { 1 };
                             args.push(redis_key(prefix, &keys[i], limit));
-                            args.push(format!(
-                                "{code} {} {} {param} {} {kind} {} {}",
-                                limit.limit(),
-                                limit.window_us(),
-                                fingerprint(limit, mode),
-                                shape.slot_us(),
-                                shape.horizon()
-                            ));
+                            let fp = fingerprint(limit, mode);
+                            match &last {
+                                Some((f, text)) if *f == fp => args.push(text.clone()),
+                                _ => {
+                                    let (code, param) = algorithm(limit);
+                                    let kind = if matches!(shape, Shape::Gcra { .. }) { 2 } else { 1 };
+                                    let text = format!(
+                                        "{code} {} {} {param} {fp} {kind} {} {}",
+                                        limit.limit(),
+                                        limit.window_us(),
+                                        shape.slot_us(),
+                                        shape.horizon()
+                                    );
+                                    args.push(text.clone());
+                                    last = Some((fp, text));
+                                }
+                            }
                         }
                         None => args.extend([String::new(), String::new()]),
                     }
