@@ -197,6 +197,22 @@ end
 -- minutes after its last use.
 local META_MIN_US = 120000000
 
+-- Write the rule on G:m (m) with a life of ttl (us), and pour in a GCRA
+-- key's debt that came before the rule (kind 2).
+local function grule(m, key, code, l, w, p, fp, kind, u, h, ttl, now)
+  redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
+    'K', kind, 'U', int(u), 'H', int(h))
+  if kind == 2 then
+    local pend = redis.call('HMGET', m, 'p', 'ps')
+    local hits, since = tonumber(pend[1]), tonumber(pend[2])
+    if hits and hits > 0 then
+      gcra_debt(key, l, w, hits, since or now)
+      redis.call('HDEL', m, 'p', 'ps')
+    end
+  end
+  expire(m, ttl)
+end
+
 -- Record the rule on G:m (what a merge needs to pour GCRA debt, and the
 -- shape), and drain debt that came before it. Every global decision comes
 -- here, so the common case only looks at G:x, already fetched: the same
@@ -226,17 +242,7 @@ local function gmeta(x, key, code, l, w, p, fp, u, h, now)
     xput(x, e, u, h, now)
     return e.t
   end
-  redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
-    'K', kind, 'U', int(u), 'H', int(h))
-  if kind == 2 then
-    local pend = redis.call('HMGET', m, 'p', 'ps')
-    local hits, since = tonumber(pend[1]), tonumber(pend[2])
-    if hits and hits > 0 then
-      gcra_debt(key, l, w, hits, since or now)
-      redis.call('HDEL', m, 'p', 'ps')
-    end
-  end
-  expire(m, ttl)
+  grule(m, key, code, l, w, p, fp, kind, u, h, ttl, now)
   e.fp, e.due, e.keep = fp, now + math.floor(ttl / 2), keep
   xput(x, e, u, h, now)
   return e.t
@@ -412,17 +418,7 @@ local function grecord(g, key, r, now)
   end
   local m = g .. ':m'
   local ttl = math.max((h + 2) * u + w, META_MIN_US)
-  redis.call('HSET', m, 'S', key, 'C', code, 'L', int(l), 'W', int(w), 'B', int(p), 'F', fp,
-    'K', kind, 'U', int(u), 'H', int(h))
-  if kind == '2' then
-    local pend = redis.call('HMGET', m, 'p', 'ps')
-    local hits, since = tonumber(pend[1]), tonumber(pend[2])
-    if hits and hits > 0 then
-      gcra_debt(key, l, w, hits, since or now)
-      redis.call('HDEL', m, 'p', 'ps')
-    end
-  end
-  expire(m, ttl)
+  grule(m, key, code, l, w, p, fp, tonumber(kind), u, h, ttl, now)
   redis.call('SET', g .. ':r', fp .. ' ' .. int(now + math.floor(ttl / 2)), 'PX',
     int(math.floor(ttl / 1000) + TTL_SLACK_MS))
 end

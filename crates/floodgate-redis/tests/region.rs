@@ -183,6 +183,26 @@ fn a_redis_region_decides_as_a_memory_region() {
         .unwrap();
 }
 
+/// Peer b's batch of one key: `count` in `limit`'s slot at `now`, sent
+/// with fingerprint `fp`.
+fn from_b(key: &str, limit: &Limit, fp: u64, now: u64, count: u64) -> Batch {
+    let shape = shape_of(limit).unwrap();
+    Batch {
+        from: "b".into(),
+        regions: vec!["b".into()],
+        from_incarnation: 20,
+        to_incarnation: INC_A,
+        seq: 1,
+        items: vec![Item {
+            key: key.into(),
+            fingerprint: fp,
+            shape,
+            components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count }],
+        }],
+        complete: false,
+    }
+}
+
 /// A changed limit starts this region's own count fresh and keeps the
 /// peers' counts, in a Redis region as in a memory region.
 #[test]
@@ -208,21 +228,7 @@ fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
         (mem, red)
     };
     assert_eq!(admitted(&ten, 6, now), (6, 6));
-    let shape = shape_of(&ten).unwrap();
-    let batch = Batch {
-        from: "b".into(),
-        regions: vec!["b".into()],
-        from_incarnation: 20,
-        to_incarnation: INC_A,
-        seq: 1,
-        items: vec![Item {
-            key: "k".into(),
-            fingerprint: fingerprint(&ten, mode),
-            shape,
-            components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count: 3 }],
-        }],
-        complete: false,
-    };
+    let batch = from_b("k", &ten, fingerprint(&ten, mode), now, 3);
     t.receive(&batch, now);
     rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
     assert_eq!(admitted(&twenty, 30, now + 1_000), (17, 17), "20 - b's 3; a's own 6 are gone");
@@ -301,21 +307,7 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     assert_eq!(read[0].as_ref().map(|i| i.components.iter().map(|c| c.count).sum::<u64>()), Some(4));
     // A peer's count with another rule's fingerprint is a mismatch.
     let other = Limit::new(Algorithm::FixedWindow, 20, Duration::from_secs(60)).unwrap();
-    let shape = shape_of(&limit).unwrap();
-    let batch = Batch {
-        from: "b".into(),
-        regions: vec!["b".into()],
-        from_incarnation: 20,
-        to_incarnation: INC_A,
-        seq: 1,
-        items: vec![Item {
-            key: "w".into(),
-            fingerprint: fingerprint(&other, mode),
-            shape,
-            components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count: 3 }],
-        }],
-        complete: false,
-    };
+    let batch = from_b("w", &limit, fingerprint(&other, mode), now, 3);
     let stats = rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
     assert_eq!((stats.merged, stats.mismatched), (1, 1));
     let check = Check { key: "w", limit: &limit, hits: 4, enforce: true, scope: Scope::Global(mode) };
