@@ -400,14 +400,16 @@ local function rspec(spec)
   return r
 end
 
--- Record the rule r (rspec) a read was given on G:m (what merges and
--- acknowledgements read; a window algorithm's decision leaves it to the
+-- Record a window algorithm's rule r (rspec) a read was given on G:m (what
+-- merges and acknowledgements read; the key's decisions leave it to the
 -- read), and beside it G:r, the string "<fingerprint> <due>": the rule
 -- recorded and when G:m's expiry is next due for refreshing. The read
 -- fetches every key's G:r in one MGET, so a key read every interval costs
 -- no Redis command here until its record is due (half its life); then G:m
--- is written again (and a GCRA key's debt that came before the rule is
--- poured in).
+-- is written again. (Not for the GCRA family: its decisions record its
+-- rule, and pour the debt that came before it exactly when a memory
+-- region would; the read pouring it earlier changed later answers, as
+-- a_redis_region_decides_as_a_memory_region found.)
 local function grecord(g, key, r, now)
   local code, l, w, p, fp, kind, u, h = r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
   local held = fetched(g .. ':r')
@@ -445,7 +447,7 @@ local function gread(now)
       local r = rspec(spec)
       if r then
         rules[i] = r
-        fetch[#fetch + 1] = KEYS[i] .. ':r'
+        if r[6] == '1' then fetch[#fetch + 1] = KEYS[i] .. ':r' end
         if r[1] == 'fw' or r[1] == 'sw' then fetch[#fetch + 1] = key end
       end
     end
@@ -456,7 +458,9 @@ local function gread(now)
     local r, meta = rules[i], nil
     if r then
       local key = ARGV[2 + 2 * i]
-      grecord(g, key, r, now)
+      -- A GCRA key's rule is its decisions' to record (they pour the debt
+      -- that came before it, as a memory region does): read by it only.
+      if r[6] == '1' then grecord(g, key, r, now) end
       if not full and (r[1] == 'fw' or r[1] == 'sw') then
         out[#out + 1] = '='
         out[#out + 1] = fetched(key) or ''
