@@ -220,11 +220,11 @@ end
 -- expiry refreshed less than half its time ago. Returns the peers' totals
 -- (slot -> total).
 local function gmeta(x, key, code, l, w, p, fp, u, h, now)
+  -- (entry.lua calls this for a window algorithm's key only when it has a
+  -- G:x: with none, there is nothing to read or record here; the sync's
+  -- read records the rule.)
   local kind = 1
   if code == 'gc' or code == 'sh' then kind = 2 end
-  -- A window algorithm's key no peer counts for: nothing to read, nothing
-  -- to record (the sync's read records the rule).
-  if kind == 1 and not fetched(x) then return NONE end
   local t = xfast(x, fp, now)
   if t then return t end
   local e = xentry(x)

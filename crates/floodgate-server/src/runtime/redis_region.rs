@@ -41,8 +41,10 @@ const MAX_SHARED: usize = 4 * BATCH_ITEMS;
 /// Each `SCAN` call of a full state transfer's listing, at most.
 const SCAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Rules remembered by fingerprint, at most (then forgotten all at once:
-/// only a hot reload makes new ones, and a key whose rule is forgotten is
-/// read by the rule recorded in Redis).
+/// only a hot reload makes new ones). A key whose rule is forgotten before
+/// its read is read by the rule recorded in Redis; a window key with none
+/// recorded yet is then not sent until its next admitted hit queues it
+/// again.
 const MAX_RULES: usize = 65_536;
 
 /// What a queued key carries.
@@ -120,7 +122,7 @@ pub struct RedisRegion {
     /// queued, and its rule's fingerprint.
     pending: Mutex<KeyMap<(u64, u64)>>,
     /// The rules of the keys queued, by fingerprint (few: one per rule).
-    rules: Mutex<HashMap<u64, (Limit, SyncMode)>>,
+    rules: Mutex<HashMap<u64, Arc<(Limit, SyncMode)>>>,
     /// The fingerprint last put in `rules` (most decisions need no lock).
     last_rule: AtomicU64,
     /// Keys waiting to be queued, and failing links.
@@ -256,7 +258,7 @@ impl RedisRegion {
                 if rules.len() >= MAX_RULES {
                     rules.clear();
                 }
-                rules.insert(fp, (limit.clone(), mode));
+                rules.insert(fp, Arc::new((limit.clone(), mode)));
             }
             self.last_rule.store(fp, Ordering::Relaxed);
         }
@@ -520,12 +522,12 @@ impl floodgate_sync::Region for RedisRegion {
         let read = if names.is_empty() {
             Ok(Vec::new())
         } else {
-            let known: Vec<Option<(Limit, SyncMode)>> = {
+            let known: Vec<Option<Arc<(Limit, SyncMode)>>> = {
                 let rules = lock(&self.rules);
                 keys.iter().map(|(_, t)| rules.get(&t.rule).cloned()).collect()
             };
             let rules: Vec<Option<(&Limit, SyncMode)>> =
-                known.iter().map(|r| r.as_ref().map(|(l, m)| (l, *m))).collect();
+                known.iter().map(|r| r.as_deref().map(|(l, m)| (l, *m))).collect();
             self.store.read_global(&names, &rules, full, incarnation, &mut regions, None).await
         };
         let Ok(read) = read else {
