@@ -400,6 +400,76 @@ fn the_cache_holds_no_entry_answers_and_reads_each_key_once() {
     assert_eq!(limit_of(&o, "nobody"), Some(3));
 }
 
+/// Misses read the store while writes change the same keys: a read that
+/// began before a write must not leave its answer cached after the write
+/// (no time to live on disk would ever take it out). Tiers and "no entry"
+/// are the answers the compact table holds.
+#[test]
+fn a_miss_racing_a_write_never_leaves_the_old_answer_cached() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    let dir = TempDir::new("race");
+    let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
+    // A small cache: lookups of 64 keys keep evicting, so misses keep
+    // reading while the writes go on.
+    let o = std::sync::Arc::new(
+        PerKey::open_with(
+            dir.0.join("o.redb"),
+            floodgate_server::rules::perkey::CacheOptions { entries: 16, ttl: None },
+        )
+        .unwrap(),
+    );
+    let users: Vec<String> = (0..64).map(|i| format!("u{i}")).collect();
+    for u in &users {
+        o.set(tiered(u, "free"), &rules).unwrap();
+    }
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|t| {
+            let (o, done, users) = (o.clone(), done.clone(), users.clone());
+            std::thread::spawn(move || {
+                let mut n = t;
+                while !done.load(Relaxed) {
+                    let _ = o.get("api", &[("user", users[n % users.len()].as_str())]);
+                    n += 7;
+                }
+            })
+        })
+        .collect();
+    let tier_of = |u: &str| match o.get("api", &[("user", u)]) {
+        Some(floodgate_server::rules::perkey::Limits::Tier(t)) => t.to_owned(),
+        Some(_) => "own".to_owned(),
+        None => "none".to_owned(),
+    };
+    for round in 0..40 {
+        let u = &users[round % 8];
+        if round % 3 == 2 {
+            assert!(o.delete("api", &[("user", u.as_str())]).unwrap());
+        } else {
+            o.set(tiered(u, if round % 2 == 0 { "pro" } else { "free" }), &rules).unwrap();
+        }
+    }
+    done.store(true, Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    // The last write of each of the 8 users written, looked up twice (the
+    // second from the cache).
+    for (i, u) in users.iter().enumerate().take(8) {
+        let last = (0..40).filter(|r| r % 8 == i).max().unwrap();
+        let want = if last % 3 == 2 {
+            "none"
+        } else if last % 2 == 0 {
+            "pro"
+        } else {
+            "free"
+        };
+        for _ in 0..2 {
+            assert_eq!(tier_of(u), want, "{u}");
+        }
+    }
+}
+
 /// Each deciding thread keeps its own copies of the answers it used last
 /// (the front cache): a write on another thread changes what every one of
 /// them answers next, and two stores on one thread never see each other's.
@@ -658,6 +728,9 @@ fn an_index_that_cannot_be_built_leaves_misses_on_the_database() {
     std::fs::remove_file(dir.0.join("o.redb.index.build")).unwrap();
     o.set(tiered("u1", "pro"), &rules).unwrap();
     index_ready(&o);
-    assert!(o.get("api", &[("user", "u2")]).is_some());
+    // The cache holds a few of them (one bucket): the others are read.
+    for i in 2..100 {
+        assert!(o.get("api", &[("user", format!("u{i}").as_str())]).is_some(), "u{i}");
+    }
     assert!(o.index_status().answered > 0);
 }

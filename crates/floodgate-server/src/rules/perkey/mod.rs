@@ -6,12 +6,15 @@
 //! through a bounded cache that also holds "no entry" answers.
 //!
 //! * **Lookups.** A domain without entries costs one set lookup. Otherwise
-//!   the descriptor's lookup key is looked up in the cache ([quick_cache]:
-//!   S3-FIFO eviction, sharded, `--key-cache` answers). A cached answer is
-//!   the entry's limits only: a tier's name (one copy per process) or
-//!   its own parsed limits, about [`BYTES_PER_ANSWER`] bytes with its key.
-//!   Concurrent misses for one key wait for the first one's read: one read
-//!   per key. With Redis, a cached answer older than the time to live
+//!   the descriptor's lookup key is looked up in the cache: first the
+//!   compact table ([`compact`]: "no entry" or a tier, keys of up to 46
+//!   bytes, one 64-byte line an answer, `--key-cache` answers, least
+//!   frequently used with aging), then for the other answers (own limits,
+//!   longer keys) [quick_cache] (S3-FIFO eviction, sharded, `--key-cache`
+//!   answers, about [`BYTES_PER_ANSWER`] bytes each). A cached answer is
+//!   the entry's limits only: a tier (one copy of its name per process) or
+//!   its own parsed limits. Concurrent misses for one key wait for the
+//!   first one's read (quick_cache's placeholder): one read per key. With Redis, a cached answer older than the time to live
 //!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
 //!   read again; on disk answers expire only when the flag is given (every
 //!   write goes through this process, which drops its key).
@@ -39,6 +42,7 @@
 //!   the write's script). A reload that would remove a tier still named by
 //!   entries is refused ([`PerKey::check_rules`]).
 
+mod compact;
 mod disk;
 mod front;
 mod index;
@@ -83,10 +87,15 @@ pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(300);
 pub const VERSIONS_EVERY: Duration = Duration::from_secs(1);
 /// The metrics label of entries with their own limits and no `name`.
 pub const PER_KEY_LABEL: &str = "per-key";
-/// Memory per cached answer, its key included, measured with descriptors
-/// like `user=<7 digits>` (BENCHMARKS.md, "Per-key limits"): the cache's
-/// share of the RSS bound is `--key-cache` × this.
+/// Memory per answer in the general cache (own limits, long keys), its
+/// key included, measured with descriptors like `user=<7 digits>`
+/// (BENCHMARKS.md, "Per-key limits").
 pub const BYTES_PER_ANSWER: usize = 170;
+/// Memory per answer of the compact table (tiers and "no entry"): its
+/// line and its bucket's share of the versions. The cache's share of the
+/// RSS bound is `--key-cache` × this, plus [`BYTES_PER_ANSWER`] for each
+/// answer in the general cache.
+pub const BYTES_PER_COMPACT_ANSWER: usize = compact::BYTES_PER_SLOT + 8 / compact::WAYS;
 
 /// One `(key, value)` of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -379,7 +388,15 @@ pub struct PerKey {
     disk: Disk,
     /// Set when entries are kept in Redis: every read and write goes there.
     sharded: OnceLock<Arc<Sharded>>,
+    /// The compact answers ("no entry", a tier) of short keys: most of
+    /// them ([`compact`]).
+    compact: compact::Compact,
+    /// The other answers (own limits, long keys), and every miss's
+    /// placeholder while its read is out (one read per key).
     cache: Cache<CacheKey, Cached>,
+    /// Bumped before anything leaves the caches: a miss's read that
+    /// straddles a bump is not kept in `compact` (it may predate a write).
+    epoch: AtomicU64,
     /// This store's identity in the threads' [`front`] caches.
     owner: u64,
     /// Bumped after anything leaves `cache` (a front slot of an older
@@ -427,7 +444,9 @@ impl PerKey {
         let this = Self {
             disk,
             sharded: OnceLock::new(),
+            compact: compact::Compact::new(cache.entries.max(1)),
             cache: Cache::new(cache.entries.max(1)),
+            epoch: AtomicU64::new(0),
             owner: front::new_owner(),
             generation: AtomicU64::new(0),
             ttl: cache.ttl,
@@ -520,6 +539,9 @@ impl PerKey {
     pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
         let key = self.key_of(domain, entries)?;
         let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key).map_or_else(|l| l, |c| c.limits) };
+        if let Some(c) = self.compact_hit(&key) {
+            return c.limits;
+        }
         let cache_key = CacheKey::new(&key);
         for _ in 0..2 {
             match self.cache.get_value_or_guard_async(&cache_key).await {
@@ -531,15 +553,22 @@ impl PerKey {
                     self.cache.remove(&cache_key);
                 }
                 Err(guard) => {
-                    let expires_ms = self.expiry();
+                    // The read this placeholder waited for may have gone
+                    // to the compact table.
+                    if let Some(c) = self.compact_hit(&key) {
+                        return c.limits;
+                    }
+                    let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
                     self.stats.misses.fetch_add(1, Relaxed);
                     let got = sharded.read(key.clone()).await.inspect_err(|e| {
                         self.stats.read_errors.fetch_add(1, Relaxed);
                         tracing::debug!("a per-key miss could not be read: {e}; the files' rules apply");
                     });
                     let limits = self.decoded(&key, got.ok()?.as_deref());
-                    // Fails when a change removed the placeholder meanwhile.
-                    let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
+                    // Either fails when a change removed the key meanwhile.
+                    if self.keep_compact(&key, &limits, expires_ms, epoch).is_none() {
+                        let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
+                    }
                     return limits;
                 }
             }
@@ -576,6 +605,8 @@ impl PerKey {
                     Ok(c) => c,
                     Err(limits) => return Ok(limits),
                 }
+            } else if let Some(c) = self.compact_hit(key) {
+                c
             } else {
                 match self.cache.get(&CacheKey::new(key)) {
                     Some(c) if self.fresh(&c) => {
@@ -594,6 +625,26 @@ impl PerKey {
     /// tools; the service waits for the read).
     pub fn get(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
         self.lookup_now(domain, entries).ok().flatten()
+    }
+
+    /// The compact table's answer for `key`, a hit counted.
+    fn compact_hit(&self, key: &str) -> Option<Cached> {
+        match self.compact.get(key, || self.now_ms()) {
+            compact::Found::Hit(limits, expires_ms) => {
+                self.stats.hits.fetch_add(1, Relaxed);
+                Some(Cached { limits, expires_ms })
+            }
+            compact::Found::Miss => None,
+        }
+    }
+
+    /// Keep a miss's answer in the compact table, read since `epoch`:
+    /// `None` when it does not fit there, else whether it was kept (not
+    /// when something left the caches since the read began: the read may
+    /// predate a write).
+    fn keep_compact(&self, key: &str, limits: &Option<Limits>, expires_ms: u64, epoch: u64) -> Option<bool> {
+        compact::Compact::fits(key, limits)
+            .then(|| self.compact.insert(key, limits, expires_ms, self.now_ms(), || self.epoch.load(Acquire) == epoch))
     }
 
     fn fresh(&self, c: &Cached) -> bool {
@@ -618,6 +669,9 @@ impl PerKey {
     /// answer as cached, or `Err` with one that was not (a failed read, or
     /// one that raced a write and was not kept).
     fn lookup_disk(&self, key: &str) -> Result<Cached, Option<Limits>> {
+        if let Some(c) = self.compact_hit(key) {
+            return Ok(c);
+        }
         let cache_key = CacheKey::new(key);
         for _ in 0..2 {
             match self.cache.get_value_or_guard(&cache_key, None) {
@@ -630,9 +684,20 @@ impl PerKey {
                     self.cache.remove(&cache_key);
                 }
                 GuardResult::Guard(g) => {
-                    let expires_ms = self.expiry();
+                    // The read this placeholder waited for may have gone
+                    // to the compact table.
+                    if let Some(c) = self.compact_hit(key) {
+                        return Ok(c);
+                    }
+                    let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
                     let limits = self.read_disk(key).map_err(|_| None)?;
                     let c = Cached { limits, expires_ms };
+                    match self.keep_compact(key, &c.limits, expires_ms, epoch) {
+                        Some(true) => return Ok(c),
+                        // Raced a write: answered once, not kept.
+                        Some(false) => return Err(c.limits),
+                        None => {}
+                    }
                     // Fails when a write removed the placeholder meanwhile:
                     // the next lookup reads the new entry.
                     return match g.insert(c.clone()) {
@@ -778,9 +843,11 @@ impl PerKey {
     /// having entries (so lookups no longer skip them).
     fn forget<'a>(&self, keys: impl Iterator<Item = &'a str>) {
         let mut new_domains: Vec<Box<str>> = Vec::new();
+        self.epoch.fetch_add(1, Release);
         {
             let domains = self.domains.load();
             for k in keys {
+                self.compact.remove(k);
                 self.cache.remove(&CacheKey::new(k));
                 let d = value::domain_of(k);
                 if !domains.contains(d) && !new_domains.iter().any(|n| &**n == d) {
@@ -924,13 +991,13 @@ impl PerKey {
 
     /// Answers cached now.
     pub fn cached(&self) -> usize {
-        self.cache.len()
+        self.compact.len() + self.cache.len()
     }
 
     /// Bytes the cache holds now (its keys and answers, quick_cache's own
     /// accounting).
     pub fn cache_bytes(&self) -> usize {
-        self.cache.memory_used().total()
+        self.compact.bytes() + self.cache.memory_used().total()
     }
 
     /// The counters for the metrics.
@@ -1019,8 +1086,7 @@ impl PerKey {
             match sharded.store().subscribe(&sharded.channel).await {
                 Ok(mut sub) => {
                     let n = self.stats.subscribed.fetch_add(1, Relaxed);
-                    self.cache.clear();
-                    self.front_stale();
+                    self.drop_all();
                     if n > 0 {
                         tracing::info!(
                             "per-key change notices from Redis resumed: the cache was dropped (changes meanwhile may have been missed)"
@@ -1099,8 +1165,7 @@ impl PerKey {
             }
             None => {
                 tracing::warn!("a per-key change notice that does not parse: the cache is dropped");
-                self.cache.clear();
-                self.front_stale();
+                self.drop_all();
             }
         }
     }
@@ -1129,7 +1194,17 @@ impl PerKey {
     fn drop_shards(&self, shards: &[usize]) {
         self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
         tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
+        self.epoch.fetch_add(1, Release);
+        self.compact.retain(|k| !shards.contains(&sharded::shard_of(k)));
         self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
+        self.front_stale();
+    }
+
+    /// Drop every cached answer.
+    fn drop_all(&self) {
+        self.epoch.fetch_add(1, Release);
+        self.compact.clear();
+        self.cache.clear();
         self.front_stale();
     }
 
@@ -1306,4 +1381,31 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
         }
     };
     Ok(KeyEntry { spec, limits, updated_at })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A miss's read that began before a write (its epoch taken, then the
+    /// write, then the answer offered to the compact table) is not kept:
+    /// on disk no time to live would ever take it out.
+    #[test]
+    fn a_read_from_before_a_write_is_not_kept() {
+        let dir = std::env::temp_dir().join(format!("fg-perkey-epoch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let o = PerKey::open(dir.join("o.redb")).unwrap();
+        let key = "api\0user\u{1}alice";
+        let epoch = o.epoch.load(Acquire);
+        let old: Option<Limits> = None;
+        o.forget(std::iter::once(key));
+        assert_eq!(o.keep_compact(key, &old, u64::MAX, epoch), Some(false), "raced a write");
+        assert!(o.compact_hit(key).is_none());
+        let epoch = o.epoch.load(Acquire);
+        assert_eq!(o.keep_compact(key, &old, u64::MAX, epoch), Some(true), "no write since");
+        assert!(o.compact_hit(key).is_some());
+        drop(o);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -125,14 +125,12 @@ pub const MAX_TIER_NAMES: usize = 65_536;
 /// rules file); past [`MAX_TIER_NAMES`] distinct ones, an entry naming a
 /// new one is refused (written) or ignored (read, counted as bad).
 pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
-    static TIERS: std::sync::LazyLock<std::sync::RwLock<std::collections::HashSet<&'static str>>> =
-        std::sync::LazyLock::new(Default::default);
     if let Some(t) = TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name) {
-        return Ok(t);
+        return Ok(TIER_NAMES[*t as usize].get().copied().unwrap_or_default());
     }
     let mut tiers = TIERS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(t) = tiers.get(name) {
-        return Ok(t);
+        return Ok(TIER_NAMES[*t as usize].get().copied().unwrap_or_default());
     }
     if tiers.len() >= MAX_TIER_NAMES {
         return Err(KeyError::Invalid(format!(
@@ -140,8 +138,29 @@ pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
         )));
     }
     let t: &'static str = Box::leak(Box::from(name));
-    tiers.insert(t);
+    let id = tiers.len() as u32;
+    let _ = TIER_NAMES[id as usize].set(t);
+    tiers.insert(t, id);
     Ok(t)
+}
+
+/// The interned tier names, by name: their ids.
+static TIERS: std::sync::LazyLock<std::sync::RwLock<std::collections::HashMap<&'static str, u32>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The interned tier names, by id: read without a lock (a cached answer
+/// names its tier by id, see `compact`).
+static TIER_NAMES: [std::sync::OnceLock<&'static str>; MAX_TIER_NAMES] =
+    [const { std::sync::OnceLock::new() }; MAX_TIER_NAMES];
+
+/// The id of an interned tier name.
+pub(crate) fn tier_id(name: &str) -> Option<u32> {
+    TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).copied()
+}
+
+/// The interned tier name of an id.
+pub(crate) fn tier_named(id: u32) -> Option<&'static str> {
+    TIER_NAMES.get(id as usize)?.get().copied()
 }
 
 /// The limits a stored value gives, for the decision path: a tier's name
