@@ -381,6 +381,7 @@ struct Locked<'a>(&'a AtomicU64);
 
 impl<'a> Locked<'a> {
     fn new(version: &'a AtomicU64) -> Self {
+        let mut spins = 0u32;
         loop {
             let v = version.load(Ordering::Relaxed);
             if v & 1 == 0 && version.compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
@@ -388,7 +389,14 @@ impl<'a> Locked<'a> {
                 fence(Ordering::Release);
                 return Self(version);
             }
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The holder was preempted (it holds the bucket for a few
+                // stores): let it run.
+                std::thread::yield_now();
+            }
         }
     }
 }
@@ -412,6 +420,18 @@ mod tests {
             Found::Hit(l, _) => Some(l),
             Found::Miss => None,
         }
+    }
+
+    /// A table of one bucket, full of `{prefix}0`… each hit `hits` times.
+    fn one_full_bucket(prefix: &str, hits: usize) -> Compact {
+        let c = Compact::new(WAYS);
+        for i in 0..WAYS {
+            assert!(c.insert(&format!("{prefix}{i}"), &None, u64::MAX, 0, || true));
+            for _ in 0..hits {
+                let _ = hit(&c, &format!("{prefix}{i}"), 0);
+            }
+        }
+        c
     }
 
     #[test]
@@ -471,10 +491,7 @@ mod tests {
         // One bucket: eight answers in use keep their places while a
         // stream of new keys, each used once, passes through; one slot
         // goes to the stream.
-        let c = Compact::new(WAYS);
-        for i in 0..WAYS {
-            assert!(c.insert(&format!("hot{i}"), &None, u64::MAX, 0, || true));
-        }
+        let c = one_full_bucket("hot", 0);
         for n in 0..100 {
             for i in 0..WAYS {
                 let _ = hit(&c, &format!("hot{i}"), 0);
@@ -491,13 +508,7 @@ mod tests {
     fn answers_no_longer_used_age_out() {
         // Counted many times once, then not used: new answers that are
         // used take their places within a few rounds.
-        let c = Compact::new(WAYS);
-        for i in 0..WAYS {
-            assert!(c.insert(&format!("old{i}"), &None, u64::MAX, 0, || true));
-            for _ in 0..100 {
-                let _ = hit(&c, &format!("old{i}"), 0);
-            }
-        }
+        let c = one_full_bucket("old", 100);
         for _ in 0..100 {
             for n in 0..WAYS {
                 let key = format!("new{n}");
