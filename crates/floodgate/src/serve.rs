@@ -118,6 +118,13 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.key_cache == 0 {
         return Err(Failure::usage("--key-cache: give at least 1"));
     }
+    if args.key_cache > floodgate_server::rules::perkey::MAX_CACHE_ENTRIES {
+        return Err(Failure::usage(format!(
+            "--key-cache: give at most {} answers (each takes {} bytes of a table allocated whole at the first answer)",
+            floodgate_server::rules::perkey::MAX_CACHE_ENTRIES,
+            floodgate_server::rules::perkey::BYTES_PER_COMPACT_ANSWER
+        )));
+    }
     let ttl = args.key_cache_ttl.as_deref().map(|t| duration("key-cache-ttl", t)).transpose()?;
     let key_cache = CacheOptions { entries: args.key_cache, ttl };
     let admin_addr = addr("admin-addr", &args.admin_addr)?;

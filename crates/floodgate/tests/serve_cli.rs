@@ -121,6 +121,8 @@ fn bad_settings_exit_64_before_binding() {
         (&["--store", "redis://127.0.0.1:1", "--redis-timeout", "0s"], "--redis-timeout"),
         (&["--response-headers", "all"], "--response-headers"),
         (&["--log-format", "xml"], "--log-format"),
+        (&["--key-cache", "0"], "--key-cache"),
+        (&["--key-cache", "18446744073709551615"], "at most 1073741824"),
         (&["--shutdown-grace", "soon"], "--shutdown-grace"),
         (&["--region", "a", "--peers", "b=http://127.0.0.1:1"], "--sync-addr"),
         (&["--region", "a", "--peers", "b=http://127.0.0.1:1", "--sync-addr", "0.0.0.0:0"], "--sync-token"),

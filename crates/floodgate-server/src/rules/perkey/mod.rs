@@ -91,6 +91,9 @@ pub const PER_KEY_LABEL: &str = "per-key";
 /// key included, measured with descriptors like `user=<7 digits>`
 /// (BENCHMARKS.md, "Per-key limits").
 pub const BYTES_PER_ANSWER: usize = 170;
+/// Most answers `--key-cache` may give (the compact table for them is
+/// allocated whole: 64 GiB here).
+pub const MAX_CACHE_ENTRIES: usize = 1 << 30;
 /// Memory per answer of the compact table (tiers and "no entry"): its
 /// line and its bucket's share of the versions. The cache's share of the
 /// RSS bound is `--key-cache` × this, plus [`BYTES_PER_ANSWER`] for each
@@ -444,8 +447,8 @@ impl PerKey {
         let this = Self {
             disk,
             sharded: OnceLock::new(),
-            compact: compact::Compact::new(cache.entries.max(1)),
-            cache: Cache::new(cache.entries.max(1)),
+            compact: compact::Compact::new(cache.entries.clamp(1, MAX_CACHE_ENTRIES)),
+            cache: Cache::new(cache.entries.clamp(1, MAX_CACHE_ENTRIES)),
             epoch: AtomicU64::new(0),
             owner: front::new_owner(),
             generation: AtomicU64::new(0),
