@@ -52,8 +52,8 @@ pub(super) const BYTES_PER_SLOT: usize = 64;
 ///   `n`: the tier with id `n - 1`).
 /// * `w[1]`: when it expires, in milliseconds after the store opened
 ///   (`u64::MAX`: never).
-/// * `w[2]`: the count (top byte: an increment past 255 falls off the
-///   word), the key's length, then its first 6 bytes.
+/// * `w[2]`: the key's length (low byte), its first 6 bytes, then the
+///   count (top byte: an increment past 255 falls off the word).
 /// * `w[3..8]`: the rest of the key, 8 bytes a word, zero-padded.
 #[repr(C, align(64))]
 struct Slot([AtomicU64; 8]);
@@ -72,40 +72,36 @@ const KEY_MASK: u64 = COUNT_ONE - 1;
 struct Packed([u64; 6]);
 
 impl Packed {
+    /// The key's bytes in the words: its length in byte 0, then the key
+    /// from byte 1, skipping byte 7 (the count's, in the slot).
     fn of(key: &[u8]) -> Option<Self> {
         if key.len() > KEY_BYTES {
             return None;
         }
         let mut bytes = [0u8; 48];
         bytes[0] = key.len() as u8;
-        bytes[1..=key.len()].copy_from_slice(key);
+        let (head, tail) = key.split_at(key.len().min(6));
+        bytes[1..=head.len()].copy_from_slice(head);
+        bytes[8..8 + tail.len()].copy_from_slice(tail);
         let mut words = [0u64; 6];
         for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
             let mut b = [0; 8];
             b.copy_from_slice(chunk);
             *w = u64::from_le_bytes(b);
         }
-        // Byte 7 of the first word is the count's: keys start at byte 1,
-        // and the length's byte is byte 0, so the key's 7th byte would
-        // land there. Move it to the spare byte 47 instead.
-        let seventh = words[0] >> COUNT_SHIFT;
-        words[0] &= KEY_MASK;
-        words[5] |= seventh << COUNT_SHIFT;
         Some(Self(words))
     }
 
     /// The key these words hold.
     fn key(&self) -> String {
-        let mut words = self.0;
-        let seventh = words[5] >> COUNT_SHIFT;
-        words[5] &= KEY_MASK;
-        words[0] |= seventh << COUNT_SHIFT;
         let mut bytes = [0u8; 48];
-        for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(self.0) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
         let len = usize::from(bytes[0]).min(KEY_BYTES);
-        String::from_utf8_lossy(&bytes[1..=len]).into_owned()
+        let mut key = bytes[1..=len.min(6)].to_vec();
+        key.extend_from_slice(&bytes[8..8 + len.saturating_sub(6)]);
+        String::from_utf8_lossy(&key).into_owned()
     }
 }
 
@@ -142,18 +138,22 @@ impl Answer {
 
 /// The table (see the module's documentation).
 pub(super) struct Compact {
-    capacity: usize,
     buckets: usize,
-    /// Slots, bucket after bucket; made at the first answer.
-    slots: OnceLock<Box<[Slot]>>,
-    versions: OnceLock<Box<[AtomicU64]>>,
+    /// Made at the first answer.
+    table: OnceLock<Table>,
     hasher: foldhash::fast::RandomState,
     len: AtomicUsize,
 }
 
+/// The slots, bucket after bucket, and each bucket's version.
+struct Table {
+    slots: Box<[Slot]>,
+    versions: Box<[AtomicU64]>,
+}
+
 impl std::fmt::Debug for Compact {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compact").field("capacity", &self.capacity).field("len", &self.len()).finish()
+        f.debug_struct("Compact").field("capacity", &self.capacity()).field("len", &self.len()).finish()
     }
 }
 
@@ -169,15 +169,17 @@ impl Compact {
     /// A table of at least `capacity` answers (rounded up to whole
     /// buckets).
     pub(super) fn new(capacity: usize) -> Self {
-        let buckets = capacity.max(1).div_ceil(WAYS);
         Self {
-            capacity: buckets * WAYS,
-            buckets,
-            slots: OnceLock::new(),
-            versions: OnceLock::new(),
+            buckets: capacity.max(1).div_ceil(WAYS),
+            table: OnceLock::new(),
             hasher: foldhash::fast::RandomState::default(),
             len: AtomicUsize::new(0),
         }
+    }
+
+    /// Answers it holds at most.
+    fn capacity(&self) -> usize {
+        self.buckets * WAYS
     }
 
     /// Whether an answer for `key` can be kept here.
@@ -194,10 +196,9 @@ impl Compact {
         (bucket, tag << 32)
     }
 
+    /// Bucket `b`'s slots and version (`None` before the first answer).
     fn bucket(&self, b: usize) -> Option<(&[Slot], &AtomicU64)> {
-        let slots = self.slots.get()?;
-        let versions = self.versions.get()?;
-        Some((&slots[b * WAYS..(b + 1) * WAYS], &versions[b]))
+        self.table.get().map(|t| t.bucket(b))
     }
 
     /// The answer for `key` at `now_ms`, counting the hit.
@@ -254,9 +255,11 @@ impl Compact {
     ) -> bool {
         let (Some(packed), Some(answer)) = (Packed::of(key.as_bytes()), Answer::of(limits)) else { return false };
         let (b, tag) = self.place(key.as_bytes());
-        let slots = self.slots.get_or_init(|| (0..self.capacity).map(|_| Slot(Default::default())).collect());
-        let versions = self.versions.get_or_init(|| (0..self.buckets).map(|_| AtomicU64::new(0)).collect());
-        let (slots, version) = (&slots[b * WAYS..(b + 1) * WAYS], &versions[b]);
+        let table = self.table.get_or_init(|| Table {
+            slots: (0..self.capacity()).map(|_| Slot(Default::default())).collect(),
+            versions: (0..self.buckets).map(|_| AtomicU64::new(0)).collect(),
+        });
+        let (slots, version) = table.bucket(b);
         let _lock = Locked::new(version);
         if !still() {
             return false;
@@ -334,7 +337,13 @@ impl Compact {
 
     /// Bytes the table takes (0 until its first answer).
     pub(super) fn bytes(&self) -> usize {
-        if self.slots.get().is_none() { 0 } else { self.capacity * BYTES_PER_SLOT + self.buckets * 8 }
+        if self.table.get().is_none() { 0 } else { self.capacity() * BYTES_PER_SLOT + self.buckets * 8 }
+    }
+}
+
+impl Table {
+    fn bucket(&self, b: usize) -> (&[Slot], &AtomicU64) {
+        (&self.slots[b * WAYS..(b + 1) * WAYS], &self.versions[b])
     }
 }
 
@@ -443,7 +452,8 @@ mod tests {
             assert_eq!(p.0[0] >> COUNT_SHIFT, 0, "the count's byte is free");
         }
         assert!(Packed::of(&[b'x'; KEY_BYTES + 1]).is_none());
-        // Keys differing only in their 7th byte (the one moved) differ.
+        // Keys differing only in their 7th byte (the first past the count's
+        // byte) differ.
         assert!(Packed::of(b"abcdefX") != Packed::of(b"abcdefY"));
     }
 

@@ -14,9 +14,9 @@
 //!   answers, about [`BYTES_PER_ANSWER`] bytes each). A cached answer is
 //!   the entry's limits only: a tier (one copy of its name per process) or
 //!   its own parsed limits. Concurrent misses for one key wait for the
-//!   first one's read (quick_cache's placeholder): one read per key. With Redis, a cached answer older than the time to live
-//!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
-//!   read again; on disk answers expire only when the flag is given (every
+//!   first one's read (quick_cache's placeholder): one read per key. With
+//!   Redis, a cached answer older than the time to live (`--key-cache-ttl`,
+//!   default 5 min, less up to a fifth at random) is read again; on disk answers expire only when the flag is given (every
 //!   write goes through this process, which drops its key).
 //! * **Misses.** On disk, a miss reads the database on the deciding thread
 //!   (a B-tree descent through one long-lived read transaction; redb
@@ -846,8 +846,7 @@ impl PerKey {
     /// having entries (so lookups no longer skip them).
     fn forget<'a>(&self, keys: impl Iterator<Item = &'a str>) {
         let mut new_domains: Vec<Box<str>> = Vec::new();
-        self.epoch.fetch_add(1, Release);
-        {
+        self.dropping(|| {
             let domains = self.domains.load();
             for k in keys {
                 self.compact.remove(k);
@@ -857,8 +856,7 @@ impl PerKey {
                     new_domains.push(Box::from(d));
                 }
             }
-        }
-        self.front_stale();
+        });
         if !new_domains.is_empty() {
             self.noticed.fetch_add(1, Relaxed);
             self.domains.rcu(|old| {
@@ -1197,22 +1195,27 @@ impl PerKey {
     fn drop_shards(&self, shards: &[usize]) {
         self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
         tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
-        self.epoch.fetch_add(1, Release);
-        self.compact.retain(|k| !shards.contains(&sharded::shard_of(k)));
-        self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
-        self.front_stale();
+        self.dropping(|| {
+            self.compact.retain(|k| !shards.contains(&sharded::shard_of(k)));
+            self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
+        });
     }
 
     /// Drop every cached answer.
     fn drop_all(&self) {
-        self.epoch.fetch_add(1, Release);
-        self.compact.clear();
-        self.cache.clear();
-        self.front_stale();
+        self.dropping(|| {
+            self.compact.clear();
+            self.cache.clear();
+        });
     }
 
-    /// After answers left the cache: every thread's front copies go too.
-    fn front_stale(&self) {
+    /// Take answers out of the caches with `drop`, in the order both
+    /// guards need: the epoch first (a miss whose read began before is then
+    /// not kept in the compact table), the generation after (every
+    /// thread's front copies go too, and none read before is used again).
+    fn dropping(&self, drop: impl FnOnce()) {
+        self.epoch.fetch_add(1, Release);
+        drop();
         self.generation.fetch_add(1, Release);
     }
 

@@ -125,12 +125,12 @@ pub const MAX_TIER_NAMES: usize = 65_536;
 /// rules file); past [`MAX_TIER_NAMES`] distinct ones, an entry naming a
 /// new one is refused (written) or ignored (read, counted as bad).
 pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
-    if let Some(t) = TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name) {
-        return Ok(TIER_NAMES[*t as usize].get().copied().unwrap_or_default());
+    if let Some((t, _)) = TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get_key_value(name) {
+        return Ok(t);
     }
     let mut tiers = TIERS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(t) = tiers.get(name) {
-        return Ok(TIER_NAMES[*t as usize].get().copied().unwrap_or_default());
+    if let Some((t, _)) = tiers.get_key_value(name) {
+        return Ok(t);
     }
     if tiers.len() >= MAX_TIER_NAMES {
         return Err(KeyError::Invalid(format!(
