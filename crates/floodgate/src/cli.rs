@@ -299,6 +299,11 @@ pub(crate) struct BenchArgs {
     /// The descriptor key sent; its value is the key number.
     #[arg(long, default_value = "user")]
     pub(crate) key: String,
+    /// The seed of the keys drawn: one seed draws the same keys in the same
+    /// order every run (give each run its own to load a server whose cache
+    /// is already warm with new draws).
+    #[arg(long, default_value_t = 0x5EED)]
+    pub(crate) seed: u64,
     /// Print the result as JSON.
     #[arg(long)]
     pub(crate) json: bool,

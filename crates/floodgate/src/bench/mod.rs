@@ -69,6 +69,7 @@ struct Plan {
     duration: Duration,
     timeout: Duration,
     keys: Keys,
+    seed: u64,
 }
 
 impl Plan {
@@ -115,6 +116,7 @@ impl Plan {
             duration,
             timeout,
             keys,
+            seed: args.seed,
         })
     }
 
@@ -379,7 +381,7 @@ fn sender_thread(
             plan: plan.clone(),
             shared: shared.clone(),
             client,
-            rng: RefCell::new(Rng(0x5EED ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))),
+            rng: RefCell::new(Rng(plan.seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))),
             measured: RefCell::new(Measured::new()),
             queue: RefCell::new(VecDeque::new()),
             queued: Notify::new(),
