@@ -370,19 +370,17 @@ fn an_entry_whose_tier_is_gone_falls_back_to_the_files_rules() {
 
 #[test]
 fn the_cache_holds_no_entry_answers_and_reads_each_key_once() {
-    use std::sync::atomic::Ordering::Relaxed;
-
     let dir = TempDir::new("cache");
     let o = std::sync::Arc::new(PerKey::open(dir.0.join("o.redb")).unwrap());
     // A domain with no entries at all costs no lookup.
     assert!(o.get("api", &[("user", "nobody")]).is_none());
-    assert_eq!(o.stats().misses.load(Relaxed), 0);
+    assert_eq!(o.stats().misses.get(), 0);
     o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
     assert!(o.get("api", &[("user", "nobody")]).is_none());
     assert!(o.get("api", &[("user", "nobody")]).is_none());
-    assert_eq!((o.stats().misses.load(Relaxed), o.stats().hits.load(Relaxed)), (1, 1), "'none' is cached");
+    assert_eq!((o.stats().misses.get(), o.stats().hits.get()), (1, 1), "'none' is cached");
     // Eight threads missing one key at once: one read.
-    let before = o.stats().misses.load(Relaxed);
+    let before = o.stats().misses.get();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
     let threads: Vec<_> = (0..8)
         .map(|_| {
@@ -394,7 +392,7 @@ fn the_cache_holds_no_entry_answers_and_reads_each_key_once() {
         })
         .collect();
     assert!(threads.into_iter().all(|t| t.join().unwrap()));
-    assert_eq!(o.stats().misses.load(Relaxed) - before, 1);
+    assert_eq!(o.stats().misses.get() - before, 1);
     // A write drops its key: the next lookup reads the new entry.
     o.set(spec("nobody", json!({"unit": "second", "requests_per_unit": 3})), &no_rules()).unwrap();
     assert_eq!(limit_of(&o, "nobody"), Some(3));
@@ -519,8 +517,6 @@ fn a_write_reaches_every_threads_own_copies_at_once() {
 
 #[test]
 fn cached_answers_expire_after_their_time_to_live() {
-    use std::sync::atomic::Ordering::Relaxed;
-
     use floodgate_server::rules::perkey::CacheOptions;
 
     let dir = TempDir::new("ttl");
@@ -529,10 +525,10 @@ fn cached_answers_expire_after_their_time_to_live() {
     o.set(spec("alice", json!({"unit": "second", "requests_per_unit": 5})), &no_rules()).unwrap();
     assert!(o.get("api", &[("user", "alice")]).is_some());
     assert!(o.get("api", &[("user", "alice")]).is_some());
-    assert_eq!(o.stats().misses.load(Relaxed), 1);
+    assert_eq!(o.stats().misses.get(), 1);
     std::thread::sleep(std::time::Duration::from_millis(80));
     assert!(o.get("api", &[("user", "alice")]).is_some());
-    assert_eq!(o.stats().misses.load(Relaxed), 2, "read again after the time to live");
+    assert_eq!(o.stats().misses.get(), 2, "read again after the time to live");
 }
 
 #[test]

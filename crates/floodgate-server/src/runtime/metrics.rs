@@ -302,20 +302,8 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
         let _ = writeln!(out, "floodgate_key_entries{{domain=\"{}\",tier=\"{}\"}} {n}", escape(&domain), escape(&tier));
     }
     let s = k.stats();
-    gauge(
-        out,
-        "floodgate_key_cache_hits_total",
-        "counter",
-        "Per-key lookups answered by the cache.",
-        s.hits.load(Relaxed),
-    );
-    gauge(
-        out,
-        "floodgate_key_cache_misses_total",
-        "counter",
-        "Per-key lookups that read the store.",
-        s.misses.load(Relaxed),
-    );
+    gauge(out, "floodgate_key_cache_hits_total", "counter", "Per-key lookups answered by the cache.", s.hits.get());
+    gauge(out, "floodgate_key_cache_misses_total", "counter", "Per-key lookups that read the store.", s.misses.get());
     gauge(out, "floodgate_key_cache_entries", "gauge", "Per-key answers cached (entries and none alike).", k.cached());
     gauge(
         out,

@@ -1,21 +1,29 @@
-//! The shared cache's table of compact answers: one cache line per answer.
+//! The shared cache's table of compact answers: a bucket of seven answers
+//! in two cache lines, each answer a fingerprint of its key and one word.
 //!
 //! Why: at a million cached answers, a hit in a general-purpose cache is
 //! three dependent main-memory reads (its hash table's control bytes, the
 //! index they lead to, the entry that index names: measured, they are 70%
 //! of a hit's time), behind a shard lock every thread writes. Most answers
-//! are small: "no entry", or a tier's name, for a key of a few dozen bytes.
-//! Those are kept here, each in one 64-byte line that holds its key, and a
-//! hit reads the lines of one bucket, next to each other in memory, with no
-//! lock and no write but a frequency count.
+//! are small: "no entry", or a tier. Those are kept here, seven to a
+//! 128-byte bucket, so that a hit reads two neighbouring lines with no
+//! lock and no locked instruction, and a million answers take 18 MiB: the
+//! hot part of the table stays in the processor's caches.
 //!
-//! * **Shape.** [`WAYS`] slots per bucket, a bucket chosen by a seeded
-//!   hash of the key (foldhash, randomly seeded: a client cannot aim keys
-//!   at one bucket). Keys of up to [`KEY_BYTES`] bytes and answers that
-//!   are "no entry" or a tier; everything else (own limits, longer keys)
-//!   stays in the general cache beside this one. The table is allocated
-//!   at its first answer: [`BYTES_PER_SLOT`] bytes a slot, plus 8 bytes a
-//!   bucket for its version.
+//! * **Shape.** A bucket is chosen by a randomly seeded hash of the key
+//!   (foldhash: a client cannot aim keys at one bucket). Its first line
+//!   holds its version and the fingerprints of its [`WAYS`] answers, its
+//!   second their answers ("no entry" or a tier's id), shards and expiries,
+//!   and their use counts. Any key length fits; own limits stay in the
+//!   general cache beside this one. The table is allocated at its first
+//!   answer: [`BYTES_PER_BUCKET`] a bucket.
+//! * **Fingerprints, not keys.** A slot keeps a 64-bit fingerprint of its
+//!   key (SipHash-1-3 under a random 128-bit key, std's `RandomState`), not
+//!   the key. A lookup takes another key's answer only if both keys fall in
+//!   the same bucket and agree in all 64 bits of a keyed pseudorandom
+//!   function: about 2^-61 per lookup of a key not held (7 slots compared),
+//!   so once in tens of thousands of years at a million lookups a second,
+//!   and a client that does not know the key cannot aim for it.
 //! * **Eviction.** Per bucket, least frequently used, with aging: a hit
 //!   counts on its slot (saturating at 255); a new answer takes an empty
 //!   or expired slot, else the one with the lowest count (ties: a place
@@ -23,132 +31,106 @@
 //!   once is the next to go, and the answers in use stay. Aging: every
 //!   [`AGE_EVERY`] evictions in a bucket halve its counts, so answers that
 //!   were hot once and are no longer used go in time. (Simulated with
-//!   Zipf(1) keys over a million and 100 000 answers: 0.808 of lookups
-//!   hit, against 0.796 with aging every 8 and 0.84 for a perfect choice
-//!   of the top keys; BENCHMARKS.md has the measured rate.)
+//!   Zipf(1) keys over a million and 100 000 answers: 0.806 of lookups
+//!   hit with 7 ways, 0.803 with 8, 0.804 with 15, against 0.84 for a
+//!   perfect choice of the top keys; BENCHMARKS.md has the measured rate.)
 //! * **Concurrency.** Each bucket has a version (a sequence lock): a writer
 //!   makes it odd, writes, makes it even again; a reader reads the slots
 //!   and takes the answer only if the version was even and unchanged. The
 //!   slots are atomics, so a reader racing a writer reads stale words,
-//!   never undefined ones, and throws them away.
+//!   never undefined ones, and throws them away. A hit's count is a plain
+//!   load and store of the bucket's counts word, not an atomic add: a
+//!   count lost to a racing hit or writer only blurs the eviction order.
 
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
 use super::Limits;
-use super::value::{tier_id, tier_named};
+use super::sharded::{SHARDS, shard_of};
+use super::value::{MAX_TIER_NAMES, tier_id, tier_named};
 
-/// Slots per bucket.
-pub(super) const WAYS: usize = 8;
-/// Longest key a slot holds.
-pub(super) const KEY_BYTES: usize = 46;
-/// Bytes of one slot (one cache line).
-pub(super) const BYTES_PER_SLOT: usize = 64;
+/// Answers per bucket.
+pub(super) const WAYS: usize = 7;
+/// Bytes of one bucket (two cache lines).
+pub(super) const BYTES_PER_BUCKET: usize = std::mem::size_of::<Bucket>();
 
-/// One answer: eight words.
-/// * `w[0]`: the key's tag (32 bits of its hash, never 0: 0 is an empty
-///   slot) in the high half, the answer in the low half (0: no entry;
-///   `n`: the tier with id `n - 1`).
-/// * `w[1]`: when it expires, in milliseconds after the store opened
-///   (`u64::MAX`: never).
-/// * `w[2]`: the key's length (low byte), its first 6 bytes, then the
-///   count (top byte: an increment past 255 falls off the word).
-/// * `w[3..8]`: the rest of the key, 8 bytes a word, zero-padded.
-#[repr(C, align(64))]
-struct Slot([AtomicU64; 8]);
+/// A bucket's words:
+/// * `[VERSION]`: its version (odd while a writer holds it), the top byte
+///   counting evictions since its counts were last halved;
+/// * `[FP + i]`: slot `i`'s fingerprint (0: empty);
+/// * `[META + i]`: slot `i`'s answer ([`ANSWER_BITS`]: 0 no entry, `n` the
+///   tier with id `n - 1`), its key's Redis shard, and when it expires
+///   (milliseconds after the store opened; [`NEVER`]: never);
+/// * `[COUNTS]`: the slots' use counts, a byte each (slot `i` in byte `i`).
+#[repr(C, align(128))]
+#[derive(Default)]
+struct Bucket([AtomicU64; 16]);
+
+const VERSION: usize = 0;
+const FP: usize = 1;
+const META: usize = 8;
+const COUNTS: usize = 15;
+
+const ANSWER_BITS: u32 = 17;
+const ANSWER_MASK: u64 = (1 << ANSWER_BITS) - 1;
+const SHARD_BITS: u32 = 6;
+const EXPIRY_SHIFT: u32 = ANSWER_BITS + SHARD_BITS;
+/// The expiry of an answer that does not expire (and of any later than
+/// 2^41 ms, 69 years, after the store opened).
+const NEVER: u64 = u64::MAX >> EXPIRY_SHIFT;
+const _: () = assert!(MAX_TIER_NAMES < 1 << ANSWER_BITS && SHARDS <= 1 << SHARD_BITS && FP + WAYS == META);
+const _: () = assert!(META + WAYS == COUNTS && WAYS <= 8);
 
 /// Evictions in a bucket between two halvings of its counts (counted in
 /// the top byte of the bucket's version).
 const AGE_EVERY: u64 = 32;
 const AGE_SHIFT: u32 = 56;
-const COUNT_SHIFT: u32 = 56;
-const COUNT_ONE: u64 = 1 << COUNT_SHIFT;
-const KEY_MASK: u64 = COUNT_ONE - 1;
 
-/// A key as the slot words that hold it (`w[2]` without its count, then
-/// `w[3..8]`).
-#[derive(PartialEq, Eq)]
-struct Packed([u64; 6]);
-
-impl Packed {
-    /// The key's bytes in the words: its length in byte 0, then the key
-    /// from byte 1, skipping byte 7 (the count's, in the slot).
-    fn of(key: &[u8]) -> Option<Self> {
-        if key.len() > KEY_BYTES {
-            return None;
-        }
-        let mut bytes = [0u8; 48];
-        bytes[0] = key.len() as u8;
-        let (head, tail) = key.split_at(key.len().min(6));
-        bytes[1..=head.len()].copy_from_slice(head);
-        bytes[8..8 + tail.len()].copy_from_slice(tail);
-        let mut words = [0u64; 6];
-        for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-            let mut b = [0; 8];
-            b.copy_from_slice(chunk);
-            *w = u64::from_le_bytes(b);
-        }
-        Some(Self(words))
-    }
-
-    /// The key these words hold.
-    fn key(&self) -> String {
-        let mut bytes = [0u8; 48];
-        for (chunk, w) in bytes.chunks_exact_mut(8).zip(self.0) {
-            chunk.copy_from_slice(&w.to_le_bytes());
-        }
-        let len = usize::from(bytes[0]).min(KEY_BYTES);
-        let mut key = bytes[1..=len.min(6)].to_vec();
-        key.extend_from_slice(&bytes[8..8 + len.saturating_sub(6)]);
-        String::from_utf8_lossy(&key).into_owned()
+/// The code of an answer this table can hold: 0 for "no entry", `n` for
+/// the tier with id `n - 1`; `None` for own limits (and a tier name never
+/// interned, which no stored entry gives).
+pub(super) fn code_of(limits: &Option<Limits>) -> Option<u32> {
+    match limits {
+        None => Some(0),
+        Some(Limits::Tier(t)) => tier_id(t).map(|id| id + 1),
+        Some(Limits::Own(_)) => None,
     }
 }
 
-/// What a slot holds for its key.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Answer {
-    None,
-    Tier(u32),
+/// The answer of a code ([`code_of`]).
+pub(super) fn answer_of(code: u32) -> Option<Option<Limits>> {
+    match code {
+        0 => Some(None),
+        n => tier_named(n - 1).map(|t| Some(Limits::Tier(t))),
+    }
 }
 
-impl Answer {
-    fn of(limits: &Option<Limits>) -> Option<Self> {
-        match limits {
-            None => Some(Self::None),
-            Some(Limits::Tier(t)) => tier_id(t).map(Self::Tier),
-            Some(Limits::Own(_)) => None,
-        }
-    }
+/// A slot's answer word.
+fn meta(code: u32, shard: usize, expires_ms: u64) -> u64 {
+    u64::from(code) | (shard as u64) << ANSWER_BITS | expires_ms.min(NEVER) << EXPIRY_SHIFT
+}
 
-    fn code(self) -> u64 {
-        match self {
-            Self::None => 0,
-            Self::Tier(id) => u64::from(id) + 1,
-        }
+/// When an answer word expires (`u64::MAX`: never).
+fn expiry(meta: u64) -> u64 {
+    match meta >> EXPIRY_SHIFT {
+        NEVER => u64::MAX,
+        at => at,
     }
+}
 
-    fn limits(code: u64) -> Option<Option<Limits>> {
-        match code {
-            0 => Some(None),
-            n => tier_named(u32::try_from(n - 1).ok()?).map(|t| Some(Limits::Tier(t))),
-        }
-    }
+fn shard(meta: u64) -> usize {
+    ((meta >> ANSWER_BITS) & ((1 << SHARD_BITS) - 1)) as usize
 }
 
 /// The table (see the module's documentation).
 pub(super) struct Compact {
     buckets: usize,
     /// Made at the first answer.
-    table: OnceLock<Table>,
-    hasher: foldhash::fast::RandomState,
+    table: OnceLock<Box<[Bucket]>>,
+    to_bucket: foldhash::fast::RandomState,
+    to_fingerprint: std::hash::RandomState,
     len: AtomicUsize,
-}
-
-/// The slots, bucket after bucket, and each bucket's version.
-struct Table {
-    slots: Box<[Slot]>,
-    versions: Box<[AtomicU64]>,
 }
 
 impl std::fmt::Debug for Compact {
@@ -159,10 +141,19 @@ impl std::fmt::Debug for Compact {
 
 /// What a lookup found.
 pub(super) enum Found {
-    /// The answer, and when it expires.
-    Hit(Option<Limits>, u64),
+    /// The answer's code ([`code_of`]), and when it expires.
+    Hit(u32, u64),
     /// No answer for the key (or an expired one).
     Miss,
+}
+
+/// Where a key's answer is kept: its bucket and its fingerprint (worked out
+/// once a lookup, and the front's too).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place {
+    bucket: usize,
+    /// The key's fingerprint: 64 bits of a keyed hash, never 0.
+    pub(super) fp: u64,
 }
 
 impl Compact {
@@ -172,7 +163,8 @@ impl Compact {
         Self {
             buckets: capacity.max(1).div_ceil(WAYS),
             table: OnceLock::new(),
-            hasher: foldhash::fast::RandomState::default(),
+            to_bucket: foldhash::fast::RandomState::default(),
+            to_fingerprint: std::hash::RandomState::new(),
             len: AtomicUsize::new(0),
         }
     }
@@ -182,52 +174,42 @@ impl Compact {
         self.buckets * WAYS
     }
 
-    /// Whether an answer for `key` can be kept here.
-    pub(super) fn fits(key: &str, limits: &Option<Limits>) -> bool {
-        key.len() <= KEY_BYTES && Answer::of(limits).is_some()
-    }
-
-    /// The bucket and tag of `key`.
-    fn place(&self, key: &[u8]) -> (usize, u64) {
-        let h = self.hasher.hash_one(key);
+    /// Where `key`'s answer is kept.
+    pub(super) fn place(&self, key: &str) -> Place {
+        let h = self.to_bucket.hash_one(key);
         // Multiply-shift onto the buckets (no power of two needed).
         let bucket = ((u128::from(h) * self.buckets as u128) >> 64) as usize;
-        let tag = (h & 0xFFFF_FFFF) | 1;
-        (bucket, tag << 32)
+        Place { bucket, fp: self.to_fingerprint.hash_one(key).max(1) }
     }
 
-    /// Bucket `b`'s slots and version (`None` before the first answer).
-    fn bucket(&self, b: usize) -> Option<(&[Slot], &AtomicU64)> {
-        self.table.get().map(|t| t.bucket(b))
+    /// The words of the bucket at `at` (`None` before the first answer).
+    fn bucket(&self, at: Place) -> Option<&[AtomicU64; 16]> {
+        Some(&self.table.get()?[at.bucket].0)
     }
 
-    /// The answer for `key` at `now_ms`, counting the hit.
-    pub(super) fn get(&self, key: &str, now_ms: impl FnOnce() -> u64) -> Found {
-        let Some(packed) = Packed::of(key.as_bytes()) else { return Found::Miss };
-        let (b, tag) = self.place(key.as_bytes());
-        let Some((slots, version)) = self.bucket(b) else { return Found::Miss };
+    /// The answer for the key at `at`, at `now_ms`, counting the hit.
+    pub(super) fn get(&self, at: Place, now_ms: impl FnOnce() -> u64) -> Found {
+        let Some(w) = self.bucket(at) else { return Found::Miss };
+        let fp = at.fp;
         let mut spins = 0u32;
         loop {
-            let v = version.load(Ordering::Acquire);
+            let v = w[VERSION].load(Ordering::Acquire);
             if v & 1 == 0 {
-                let found = find(slots, tag, &packed).map(|i| {
-                    let s = &slots[i].0;
-                    (i, s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed))
-                });
+                let found = find(w, fp).map(|i| (i, w[META + i].load(Ordering::Relaxed)));
                 fence(Ordering::Acquire);
-                if version.load(Ordering::Relaxed) == v {
-                    let Some((i, w0, expires)) = found else { return Found::Miss };
+                if w[VERSION].load(Ordering::Relaxed) == v {
+                    let Some((i, meta)) = found else { return Found::Miss };
+                    let expires = expiry(meta);
                     if expires != u64::MAX && now_ms() >= expires {
                         return Found::Miss;
                     }
-                    let Some(limits) = Answer::limits(w0 & 0xFFFF_FFFF) else { return Found::Miss };
-                    let w2 = &slots[i].0[2];
-                    if w2.load(Ordering::Relaxed) >> COUNT_SHIFT < 255 {
-                        // Racy by design: a count lost or given to the
-                        // slot's next key only blurs the eviction order.
-                        w2.fetch_add(COUNT_ONE, Ordering::Relaxed);
+                    let counts = &w[COUNTS];
+                    let c = counts.load(Ordering::Relaxed);
+                    if (c >> (8 * i)) & 0xFF < 0xFF {
+                        // Racy by design (see the module's documentation).
+                        counts.store(c + (1 << (8 * i)), Ordering::Relaxed);
                     }
-                    return Found::Hit(limits, expires);
+                    return Found::Hit((meta & ANSWER_MASK) as u32, expires);
                 }
             }
             spins += 1;
@@ -240,86 +222,67 @@ impl Compact {
         }
     }
 
-    /// Keep `limits` for `key` until `expires_ms` (it is `now_ms`), if it
-    /// fits and `still` holds with the bucket locked (the caller's check
-    /// that nothing changed the key since its read: a write that drops the
-    /// key after `still` turns false finds the answer here and drops it).
-    /// Whether it was kept.
+    /// Keep answer `code` ([`code_of`]) for `key`, placed at `at`, until
+    /// `expires_ms` (it is `now_ms`), if `still` holds with the bucket
+    /// locked (the caller's check that nothing changed the key since its
+    /// read: a write that drops the key after `still` turns false finds the
+    /// answer here and drops it). Whether it was kept.
     pub(super) fn insert(
         &self,
         key: &str,
-        limits: &Option<Limits>,
+        at: Place,
+        code: u32,
         expires_ms: u64,
         now_ms: u64,
         still: impl FnOnce() -> bool,
     ) -> bool {
-        let (Some(packed), Some(answer)) = (Packed::of(key.as_bytes()), Answer::of(limits)) else { return false };
-        let (b, tag) = self.place(key.as_bytes());
-        let table = self.table.get_or_init(|| Table {
-            slots: (0..self.capacity()).map(|_| Slot(Default::default())).collect(),
-            versions: (0..self.buckets).map(|_| AtomicU64::new(0)).collect(),
-        });
-        let (slots, version) = table.bucket(b);
-        let _lock = Locked::new(version);
+        let table = self.table.get_or_init(|| (0..self.buckets).map(|_| Bucket::default()).collect());
+        let w = &table[at.bucket].0;
+        let _lock = Locked::new(&w[VERSION]);
         if !still() {
             return false;
         }
-        let i = match find(slots, tag, &packed) {
+        let i = match find(w, at.fp) {
             Some(i) => i,
             None => {
-                let i = victim(slots, version, now_ms, (tag >> 32) as usize);
-                if slots[i].0[0].load(Ordering::Relaxed) == 0 {
+                let i = victim(w, now_ms, at.fp as usize);
+                if w[FP + i].load(Ordering::Relaxed) == 0 {
                     self.len.fetch_add(1, Ordering::Relaxed);
                 }
-                let s = &slots[i].0;
-                s[2].store(packed.0[0], Ordering::Relaxed);
-                for (w, p) in s[3..].iter().zip(&packed.0[1..]) {
-                    w.store(*p, Ordering::Relaxed);
-                }
+                let counts = w[COUNTS].load(Ordering::Relaxed);
+                w[COUNTS].store(counts & !(0xFF << (8 * i)), Ordering::Relaxed);
+                w[FP + i].store(at.fp, Ordering::Relaxed);
                 i
             }
         };
-        let s = &slots[i].0;
-        s[0].store(tag | answer.code(), Ordering::Relaxed);
-        s[1].store(expires_ms, Ordering::Relaxed);
+        w[META + i].store(meta(code, shard_of(key), expires_ms), Ordering::Relaxed);
         true
     }
 
-    /// Drop the answer for `key`, if any.
-    pub(super) fn remove(&self, key: &str) {
-        let Some(packed) = Packed::of(key.as_bytes()) else { return };
-        let (b, tag) = self.place(key.as_bytes());
-        let Some((slots, version)) = self.bucket(b) else { return };
-        let _lock = Locked::new(version);
-        if let Some(i) = find(slots, tag, &packed) {
-            self.empty(&slots[i]);
+    /// Drop the answer of the key at `at`, if any.
+    pub(super) fn remove(&self, at: Place) {
+        let Some(w) = self.bucket(at) else { return };
+        let _lock = Locked::new(&w[VERSION]);
+        if let Some(i) = find(w, at.fp) {
+            self.empty(w, i);
         }
     }
 
-    fn empty(&self, slot: &Slot) {
-        for w in &slot.0 {
-            w.store(0, Ordering::Relaxed);
-        }
+    fn empty(&self, w: &[AtomicU64; 16], i: usize) {
+        w[FP + i].store(0, Ordering::Relaxed);
+        w[META + i].store(0, Ordering::Relaxed);
         self.len.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Keep only the answers whose keys pass `keep`.
-    pub(super) fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        for b in 0..self.buckets {
-            let Some((slots, version)) = self.bucket(b) else { return };
-            let _lock = Locked::new(version);
-            for slot in slots {
-                let s = &slot.0;
-                if s[0].load(Ordering::Relaxed) == 0 {
-                    continue;
-                }
-                let mut words = [0u64; 6];
-                words[0] = s[2].load(Ordering::Relaxed) & KEY_MASK;
-                for (w, x) in words[1..].iter_mut().zip(&s[3..]) {
-                    *w = x.load(Ordering::Relaxed);
-                }
-                if !keep(&Packed(words).key()) {
-                    self.empty(slot);
+    /// Keep only the answers whose keys' Redis shards pass `keep`.
+    pub(super) fn retain_shards(&self, keep: impl Fn(usize) -> bool) {
+        let Some(table) = self.table.get() else { return };
+        for bucket in table.iter() {
+            let w = &bucket.0;
+            let _lock = Locked::new(&w[VERSION]);
+            for i in 0..WAYS {
+                if w[FP + i].load(Ordering::Relaxed) != 0 && !keep(shard(w[META + i].load(Ordering::Relaxed))) {
+                    self.empty(w, i);
                 }
             }
         }
@@ -327,7 +290,7 @@ impl Compact {
 
     /// Drop every answer.
     pub(super) fn clear(&self) {
-        self.retain(|_| false);
+        self.retain_shards(|_| false);
     }
 
     /// Answers held.
@@ -337,51 +300,38 @@ impl Compact {
 
     /// Bytes the table takes (0 until its first answer).
     pub(super) fn bytes(&self) -> usize {
-        if self.table.get().is_none() { 0 } else { self.capacity() * BYTES_PER_SLOT + self.buckets * 8 }
+        if self.table.get().is_none() { 0 } else { self.buckets * BYTES_PER_BUCKET }
     }
 }
 
-impl Table {
-    fn bucket(&self, b: usize) -> (&[Slot], &AtomicU64) {
-        (&self.slots[b * WAYS..(b + 1) * WAYS], &self.versions[b])
-    }
+/// The slot of fingerprint `fp` in bucket `w`, if there.
+fn find(w: &[AtomicU64; 16], fp: u64) -> Option<usize> {
+    (0..WAYS).find(|&i| w[FP + i].load(Ordering::Relaxed) == fp)
 }
 
-/// The slot of `packed` (tagged `tag`) among `slots`, if there.
-fn find(slots: &[Slot], tag: u64, packed: &Packed) -> Option<usize> {
-    slots.iter().position(|slot| {
-        let s = &slot.0;
-        s[0].load(Ordering::Relaxed) & !0xFFFF_FFFF == tag
-            && s[2].load(Ordering::Relaxed) & KEY_MASK == packed.0[0]
-            && s[3..].iter().zip(&packed.0[1..]).all(|(w, p)| w.load(Ordering::Relaxed) == *p)
-    })
-}
-
-/// The slot a new answer takes in a bucket (its `version` held by the
-/// caller): an empty one, else one expired at `now_ms`, else the least
-/// counted (ties: the first from `start`); every [`AGE_EVERY`] evictions
-/// halve the bucket's counts.
-fn victim(slots: &[Slot], version: &AtomicU64, now_ms: u64, start: usize) -> usize {
-    if let Some(i) =
-        slots.iter().position(|s| s.0[0].load(Ordering::Relaxed) == 0 || s.0[1].load(Ordering::Relaxed) <= now_ms)
-    {
+/// The slot a new answer takes in bucket `w` (held by the caller): an
+/// empty one, else one expired at `now_ms`, else the least counted (ties:
+/// the first from `start`); every [`AGE_EVERY`] evictions halve the
+/// bucket's counts.
+fn victim(w: &[AtomicU64; 16], now_ms: u64, start: usize) -> usize {
+    let free =
+        |i: usize| w[FP + i].load(Ordering::Relaxed) == 0 || expiry(w[META + i].load(Ordering::Relaxed)) <= now_ms;
+    if let Some(i) = (0..WAYS).find(|&i| free(i)) {
         return i;
     }
-    let count = |i: usize| slots[i].0[2].load(Ordering::Relaxed) >> COUNT_SHIFT;
+    let counts = w[COUNTS].load(Ordering::Relaxed);
+    let count = |i: usize| (counts >> (8 * i)) & 0xFF;
     let i = (0..WAYS).map(|k| (start + k) % WAYS).min_by_key(|&i| count(i)).unwrap_or(0);
+    let version = &w[VERSION];
     let evictions = (version.load(Ordering::Relaxed) >> AGE_SHIFT) + 1;
     if evictions < AGE_EVERY {
         version.fetch_add(1 << AGE_SHIFT, Ordering::Relaxed);
         return i;
     }
     version.fetch_sub((evictions - 1) << AGE_SHIFT, Ordering::Relaxed);
-    for slot in slots {
-        // Only the lock's holder changes a key: a hit's count that lands
-        // between the load and the store is lost, nothing else.
-        let w = &slot.0[2];
-        let now = w.load(Ordering::Relaxed);
-        w.store((now & KEY_MASK) | ((now >> COUNT_SHIFT) / 2) << COUNT_SHIFT, Ordering::Relaxed);
-    }
+    // Every count halved at once (each byte's low bit masked off the one
+    // below it).
+    w[COUNTS].store((counts >> 1) & 0x7F7F_7F7F_7F7F_7F7F, Ordering::Relaxed);
     i
 }
 
@@ -425,17 +375,22 @@ mod tests {
     }
 
     fn hit(c: &Compact, key: &str, now: u64) -> Option<Option<Limits>> {
-        match c.get(key, || now) {
-            Found::Hit(l, _) => Some(l),
+        match c.get(c.place(key), || now) {
+            Found::Hit(code, _) => Some(answer_of(code).unwrap()),
             Found::Miss => None,
         }
+    }
+
+    /// Keep `limits` for `key` (`false`: not kept, or not compact).
+    fn keep(c: &Compact, key: &str, limits: &Option<Limits>, expires_ms: u64, still: impl FnOnce() -> bool) -> bool {
+        code_of(limits).is_some_and(|code| c.insert(key, c.place(key), code, expires_ms, 0, still))
     }
 
     /// A table of one bucket, full of `{prefix}0`… each hit `hits` times.
     fn one_full_bucket(prefix: &str, hits: usize) -> Compact {
         let c = Compact::new(WAYS);
         for i in 0..WAYS {
-            assert!(c.insert(&format!("{prefix}{i}"), &None, u64::MAX, 0, || true));
+            assert!(keep(&c, &format!("{prefix}{i}"), &None, u64::MAX, || true));
             for _ in 0..hits {
                 let _ = hit(&c, &format!("{prefix}{i}"), 0);
             }
@@ -444,69 +399,78 @@ mod tests {
     }
 
     #[test]
-    fn keys_of_every_length_pack_and_unpack() {
-        for n in 0..=KEY_BYTES {
-            let key: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-            let p = Packed::of(key.as_bytes()).unwrap();
-            assert_eq!(p.key(), key);
-            assert_eq!(p.0[0] >> COUNT_SHIFT, 0, "the count's byte is free");
+    fn a_bucket_is_two_cache_lines() {
+        assert_eq!(BYTES_PER_BUCKET, 128);
+        assert_eq!(std::mem::align_of::<Bucket>(), 128);
+    }
+
+    #[test]
+    fn answer_words_keep_their_answer_shard_and_expiry() {
+        let top = MAX_TIER_NAMES as u32;
+        for (code, shard, at) in [(0, 0, 0), (top, SHARDS - 1, NEVER - 1), (4, 17, 123_456), (top, 5, u64::MAX)] {
+            let m = meta(code, shard, at);
+            assert_eq!(m & ANSWER_MASK, u64::from(code));
+            assert_eq!(self::shard(m), shard);
+            assert_eq!(expiry(m), if at >= NEVER { u64::MAX } else { at });
         }
-        assert!(Packed::of(&[b'x'; KEY_BYTES + 1]).is_none());
-        // Keys differing only in their 7th byte (the first past the count's
-        // byte) differ.
-        assert!(Packed::of(b"abcdefX") != Packed::of(b"abcdefY"));
     }
 
     #[test]
     fn answers_are_found_replaced_expired_and_removed() {
         let c = Compact::new(64);
         assert!(hit(&c, "api\0user\u{1}alice", 0).is_none());
-        assert!(c.insert("api\0user\u{1}alice", &tier("pro"), u64::MAX, 0, || true));
-        assert!(c.insert("api\0user\u{1}bob", &None, 100, 0, || true));
+        assert!(keep(&c, "api\0user\u{1}alice", &tier("pro"), u64::MAX, || true));
+        assert!(keep(&c, "api\0user\u{1}bob", &None, 100, || true));
         assert!(matches!(hit(&c, "api\0user\u{1}alice", 0), Some(Some(Limits::Tier("pro")))));
         assert!(matches!(hit(&c, "api\0user\u{1}bob", 99), Some(None)));
         assert!(hit(&c, "api\0user\u{1}bob", 100).is_none(), "expired");
         assert!(hit(&c, "api\0user\u{1}alicf", 0).is_none(), "another key");
-        assert!(c.insert("api\0user\u{1}alice", &tier("free"), u64::MAX, 0, || true));
+        assert!(keep(&c, "api\0user\u{1}alice", &tier("free"), u64::MAX, || true));
         assert!(matches!(hit(&c, "api\0user\u{1}alice", 0), Some(Some(Limits::Tier("free")))), "replaced");
         assert_eq!(c.len(), 2);
-        c.remove("api\0user\u{1}alice");
+        c.remove(c.place("api\0user\u{1}alice"));
         assert!(hit(&c, "api\0user\u{1}alice", 0).is_none());
         assert_eq!(c.len(), 1);
-        assert!(!c.insert("api\0user\u{1}carol", &None, u64::MAX, 0, || false), "a changed key is not kept");
+        assert!(!keep(&c, "api\0user\u{1}carol", &None, u64::MAX, || false), "a changed key is not kept");
         assert!(hit(&c, "api\0user\u{1}carol", 0).is_none());
         let own = Some(Limits::Own(std::sync::Arc::from(Vec::new())));
-        assert!(!c.insert("api\0user\u{1}dave", &own, u64::MAX, 0, || true), "own limits stay in the general cache");
-        assert!(!c.insert(&"x".repeat(KEY_BYTES + 1), &None, u64::MAX, 0, || true), "long keys too");
+        assert!(!keep(&c, "api\0user\u{1}dave", &own, u64::MAX, || true), "own limits stay in the general cache");
+        let long = format!("api\0user\u{1}{}", "x".repeat(1_000));
+        assert!(keep(&c, &long, &tier("pro"), u64::MAX, || true), "a key of any length");
+        assert!(matches!(hit(&c, &long, 0), Some(Some(Limits::Tier("pro")))));
+        assert!(hit(&c, &long[..long.len() - 1], 0).is_none());
     }
 
     #[test]
-    fn retain_and_clear_drop_what_they_say() {
+    fn dropped_shards_and_clear_drop_what_they_say() {
         let c = Compact::new(1000);
-        for i in 0..500 {
-            assert!(c.insert(&format!("d{}\0k\u{1}{i}", i % 2), &None, u64::MAX, 0, || true));
+        let keys: Vec<String> = (0..500).map(|i| format!("api\0user\u{1}{i}")).collect();
+        for k in &keys {
+            assert!(keep(&c, k, &None, u64::MAX, || true));
         }
         let held = c.len();
         assert!(held > 400, "{held}");
-        c.retain(|k| k.starts_with("d0"));
-        assert!((0..500).filter(|i| i % 2 == 1).all(|i| hit(&c, &format!("d1\0k\u{1}{i}"), 0).is_none()));
+        let kept = |k: &String| shard_of(k).is_multiple_of(2);
+        c.retain_shards(|s| s % 2 == 0);
+        assert!(keys.iter().filter(|k| !kept(k)).all(|k| hit(&c, k, 0).is_none()));
         assert!(c.len() < held && c.len() > 0);
+        assert_eq!(c.len(), keys.iter().filter(|k| hit(&c, k, 0).is_some()).count());
         c.clear();
         assert_eq!(c.len(), 0);
-        assert!((0..500).all(|i| hit(&c, &format!("d{}\0k\u{1}{i}", i % 2), 0).is_none()));
+        assert!(keys.iter().all(|k| hit(&c, k, 0).is_none()));
     }
 
     #[test]
     fn a_full_bucket_keeps_its_most_used_answers() {
-        // One bucket: eight answers in use keep their places while a
-        // stream of new keys, each used once, passes through; one slot
-        // goes to the stream.
+        // One bucket: its answers in use keep their places while a stream
+        // of new keys, each used once, passes through; one slot goes to
+        // the stream.
         let c = one_full_bucket("hot", 0);
         for n in 0..100 {
             for i in 0..WAYS {
                 let _ = hit(&c, &format!("hot{i}"), 0);
             }
-            assert!(c.insert(&format!("cold{n}"), &None, u64::MAX, 0, || true));
+            assert!(keep(&c, &format!("cold{n}"), &None, u64::MAX, || true));
         }
         let kept = (0..WAYS).filter(|i| hit(&c, &format!("hot{i}"), 0).is_some()).count();
         assert_eq!(kept, WAYS - 1, "hot answers kept");
@@ -523,7 +487,7 @@ mod tests {
             for n in 0..WAYS {
                 let key = format!("new{n}");
                 if hit(&c, &key, 0).is_none() {
-                    assert!(c.insert(&key, &None, u64::MAX, 0, || true));
+                    assert!(keep(&c, &key, &None, u64::MAX, || true));
                 }
                 for _ in 0..3 {
                     let _ = hit(&c, &key, 0);
@@ -543,18 +507,18 @@ mod tests {
             s.spawn(move || {
                 for n in 0..20_000 {
                     let t = if n % 2 == 0 { &pro } else { &None };
-                    w.insert(&format!("key{}", n % 16), t, u64::MAX, 0, || true);
+                    keep(&w, &format!("key{}", n % 16), t, u64::MAX, || true);
                     if n % 7 == 0 {
-                        w.remove(&format!("key{}", n % 16));
+                        w.remove(w.place(&format!("key{}", n % 16)));
                     }
                 }
             });
             for _ in 0..20_000 {
                 for k in 0..16 {
                     // Whatever is found is one the writer wrote for it.
-                    match c.get(&format!("key{k}"), || 0) {
-                        Found::Hit(Some(Limits::Tier(t)), _) => assert_eq!(t, "pro"),
-                        Found::Hit(Some(Limits::Own(_)), _) => panic!("never written"),
+                    match hit(&c, &format!("key{k}"), 0) {
+                        Some(Some(Limits::Tier(t))) => assert_eq!(t, "pro"),
+                        Some(Some(Limits::Own(_))) => panic!("never written"),
                         _ => {}
                     }
                 }

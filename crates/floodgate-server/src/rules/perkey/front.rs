@@ -2,17 +2,18 @@
 //! it used last, in front of the shared cache.
 //!
 //! Why: under a skewed key distribution most lookups are for a few
-//! thousand hot keys, and a hit in the shared cache (one lock, a hash
-//! table probe and an entry, each likely a main-memory miss at a million
-//! answers, and a hit counter every thread writes) costs more than the
-//! rest of the lookup. A front slot is in this thread's own memory, takes
-//! no lock and touches nothing another thread writes.
+//! thousand hot keys. A front slot is in this thread's own memory, small
+//! enough to stay in the core's own cache beside the rest of the request
+//! path ([`BYTES`]), takes no lock and touches nothing another thread
+//! writes; the shared table's bucket is a main-memory read for most keys.
 //!
-//! * **Shape.** [`SLOTS`] slots per thread, direct-mapped by a hash of the
-//!   lookup key (a hot key displaced by a colder one that maps to its slot
-//!   is read from the shared cache again); only keys short enough to be
-//!   held inline ([`INLINE_KEY`] bytes) are kept. About [`BYTES`] per
-//!   thread, allocated on the thread's first lookup.
+//! * **Shape.** [`SLOTS`] slots per thread, direct-mapped by the key's
+//!   fingerprint (the shared table's: a 64-bit keyed hash, see
+//!   [`super::compact`]; a hot key displaced by a colder one that maps to
+//!   its slot is read from the shared table again). A slot holds the
+//!   fingerprint and a compact answer ("no entry" or a tier, by id): the
+//!   answers with their own limits are not kept here. Allocated on the
+//!   thread's first lookup.
 //! * **Freshness.** A slot holds the answer, its expiry and the owner's
 //!   *generation* when it was read. Anything that takes an answer out of
 //!   the shared cache (a write, a change notice, a dropped shard or cache)
@@ -21,95 +22,63 @@
 //!   outlive what the shared cache would answer. A reader takes the
 //!   generation before it reads the shared cache, so an answer read across
 //!   a bump is stored under the old one and not used again. Writes thus
-//!   empty every thread's front at once; refilling costs one shared-cache
+//!   empty every thread's front at once; refilling costs one shared-table
 //!   hit per key.
+//! * **Owners.** One thread may look up in several stores (tests, tools):
+//!   each store has its own fingerprint key and its own generation, so a
+//!   slot another store filled is not taken (its fingerprint differs but
+//!   with the odds of a fingerprint collision, 2^-64).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{CacheKey, INLINE_KEY, Limits};
-
-/// Slots per thread: a power of two. Zipf(1)'s top 8 192 of 10 million
-/// keys take 57% of its lookups.
-pub(super) const SLOTS: usize = 8_192;
+/// Slots per thread: a power of two. Zipf(1)'s top 4 096 of 10 million
+/// keys take 53% of its lookups.
+pub(super) const SLOTS: usize = 4_096;
 /// Bytes of one thread's front cache (allocated by a thread that looks
 /// up an entry).
 pub const BYTES: usize = SLOTS * std::mem::size_of::<Slot>();
 
-/// Gives each [`super::PerKey`] its own identity in the fronts (one thread
-/// may look up in several: tests, tools).
-static OWNERS: AtomicU64 = AtomicU64::new(1);
-
-/// A new owner's identity (never 0, the empty slot's).
-pub(super) fn new_owner() -> u64 {
-    OWNERS.fetch_add(1, Ordering::Relaxed)
-}
-
+/// A slot: two to a cache line.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
 struct Slot {
-    owner: u64,
+    /// The key's fingerprint (0: empty).
+    fp: u64,
+    /// The owner's generation when it was read.
     generation: u64,
+    /// When it expires (`u64::MAX`: never), in the owner's milliseconds.
     expires_ms: u64,
-    /// Always inline (a refill allocates nothing).
-    key: CacheKey,
-    limits: Option<Limits>,
-}
-
-impl Slot {
-    const EMPTY: Self =
-        Self { owner: 0, generation: 0, expires_ms: 0, key: CacheKey::Inline(0, [0; INLINE_KEY]), limits: None };
+    /// The compact answer's code (see `compact`).
+    code: u32,
 }
 
 thread_local! {
     static FRONT: RefCell<Option<Box<[Slot]>>> = const { RefCell::new(None) };
 }
 
-/// The slot of a key: a word-at-a-time multiplicative hash (keys are
-/// short; this is a few nanoseconds).
-fn slot_of(key: &[u8]) -> usize {
-    let mut h: u64 = key.len() as u64;
-    let mut chunks = key.chunks_exact(8);
-    for c in &mut chunks {
-        let mut w = [0; 8];
-        w.copy_from_slice(c);
-        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
-    }
-    let mut w = [0; 8];
-    w[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-    h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    // The high bits are the best mixed.
-    (h >> (64 - SLOTS.trailing_zeros())) as usize
+fn slot_of(fp: u64) -> usize {
+    // The fingerprint is a keyed hash: any of its bits spread keys.
+    (fp as usize) & (SLOTS - 1)
 }
 
-/// This thread's answer for `key` of `owner`, if it holds a current one:
-/// `Some(answer)` (the answer itself may be "no entry").
-pub(super) fn get(owner: u64, generation: u64, now_ms: impl FnOnce() -> u64, key: &str) -> Option<Option<Limits>> {
-    if key.len() > INLINE_KEY {
-        return None;
-    }
+/// This thread's answer code for the key of fingerprint `fp`, if it holds
+/// a current one.
+pub(super) fn get(fp: u64, generation: u64, now_ms: impl FnOnce() -> u64) -> Option<u32> {
     FRONT.with_borrow(|front| {
-        let slot = &front.as_ref()?[slot_of(key.as_bytes())];
-        let hit = slot.owner == owner
+        let slot = &front.as_ref()?[slot_of(fp)];
+        let hit = slot.fp == fp
             && slot.generation == generation
-            && slot.key.is(key)
             && (slot.expires_ms == u64::MAX || now_ms() < slot.expires_ms);
-        hit.then(|| slot.limits.clone())
+        hit.then_some(slot.code)
     })
 }
 
-/// Keep `limits` as this thread's answer for `key` of `owner`, read under
+/// Keep answer `code` for the key of fingerprint `fp`, read under
 /// `generation` (taken before the shared cache was read).
-pub(super) fn put(owner: u64, generation: u64, expires_ms: u64, key: &str, limits: &Option<Limits>) {
-    if key.len() > INLINE_KEY {
-        return;
-    }
+pub(super) fn put(fp: u64, generation: u64, expires_ms: u64, code: u32) {
     FRONT.with_borrow_mut(|front| {
-        let slots = front.get_or_insert_with(|| (0..SLOTS).map(|_| Slot::EMPTY).collect());
-        let slot = &mut slots[slot_of(key.as_bytes())];
-        slot.owner = owner;
-        slot.generation = generation;
-        slot.expires_ms = expires_ms;
-        slot.key = CacheKey::new(key);
-        slot.limits.clone_from(limits);
+        let slots = front.get_or_insert_with(|| vec![Slot::default(); SLOTS].into_boxed_slice());
+        slots[slot_of(fp)] = Slot { fp, generation, expires_ms, code };
     });
 }
 
@@ -118,32 +87,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_used_only_under_its_owner_generation_and_expiry() {
-        let (a, b) = (new_owner(), new_owner());
-        let pro = Some(Limits::Tier("pro"));
-        put(a, 7, u64::MAX, "api\0user\u{1}alice", &pro);
-        assert!(matches!(get(a, 7, || 0, "api\0user\u{1}alice"), Some(Some(Limits::Tier("pro")))));
-        assert!(get(a, 8, || 0, "api\0user\u{1}alice").is_none(), "a bumped generation");
-        assert!(get(b, 7, || 0, "api\0user\u{1}alice").is_none(), "another owner");
-        assert!(get(a, 7, || 0, "api\0user\u{1}alicf").is_none(), "another key");
-        put(a, 7, 100, "api\0user\u{1}bob", &None);
-        assert!(matches!(get(a, 7, || 99, "api\0user\u{1}bob"), Some(None)), "a cached no-entry answer");
-        assert!(get(a, 7, || 100, "api\0user\u{1}bob").is_none(), "expired");
-        let long = "x".repeat(INLINE_KEY + 1);
-        put(a, 7, u64::MAX, &long, &pro);
-        assert!(get(a, 7, || 0, &long).is_none(), "long keys are not kept");
+    fn an_answer_is_used_only_under_its_fingerprint_generation_and_expiry() {
+        put(0xA11CE, 7, u64::MAX, 3);
+        assert_eq!(get(0xA11CE, 7, || 0), Some(3));
+        assert_eq!(get(0xA11CE, 8, || 0), None, "a bumped generation");
+        assert_eq!(get(0xA11CE + SLOTS as u64, 7, || 0), None, "another key in the same slot");
+        put(0xB0B, 7, 100, 0);
+        assert_eq!(get(0xB0B, 7, || 99), Some(0), "a cached no-entry answer");
+        assert_eq!(get(0xB0B, 7, || 100), None, "expired");
     }
 
     #[test]
     fn a_front_is_as_large_as_the_readme_says() {
-        assert_eq!(BYTES, 768 << 10, "README, \"Per-key limits\": the cache and the memory bound");
-    }
-
-    #[test]
-    fn slots_spread_keys() {
-        let used: std::collections::HashSet<usize> =
-            (0..SLOTS).map(|i| slot_of(format!("bench\0user\u{1}{i}").as_bytes())).collect();
-        // A uniform hash fills 1 - 1/e (63%) of the slots with as many keys.
-        assert!(used.len() > SLOTS * 55 / 100, "{} of {SLOTS}", used.len());
+        assert_eq!(BYTES, 128 << 10, "README, \"Per-key limits\": the cache and the memory bound");
     }
 }

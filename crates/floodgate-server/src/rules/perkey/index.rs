@@ -153,10 +153,27 @@ impl Header {
     }
 }
 
+/// Open `path` to read, without updating its access time on every read
+/// where the system allows it (Linux's `O_NOATIME`, for the file's owner:
+/// the time check alone was a tenth of a miss's `pread`); else as usual.
+fn open_noatime(path: &Path) -> std::io::Result<File> {
+    #[cfg(all(target_os = "linux", not(any(target_arch = "sparc", target_arch = "sparc64"))))]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        /// Linux's `O_NOATIME` (the same on every architecture Rust builds
+        /// for but sparc's).
+        const O_NOATIME: i32 = 0o1_000_000;
+        if let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(O_NOATIME).open(path) {
+            return Ok(f);
+        }
+    }
+    File::open(path)
+}
+
 impl IndexFile {
     /// The index at `path` if it is whole and was built at `stamp`.
     fn open(path: &Path, stamp: u64) -> Option<Self> {
-        let file = File::open(path).ok()?;
+        let file = open_noatime(path).ok()?;
         let mut head = [0u8; 48];
         file.read_exact_at(&mut head, 0).ok()?;
         let h = Header::parse(&head)?;
@@ -431,7 +448,7 @@ pub(crate) struct Index {
     state: Mutex<State>,
     wake: Condvar,
     /// Misses the index answered.
-    pub(crate) answered: AtomicU64,
+    pub(crate) answered: super::Striped,
     /// Builds finished and swapped in.
     pub(crate) builds: AtomicU64,
     /// Set when the store is dropped: a build in progress stops.
@@ -473,7 +490,7 @@ impl Index {
                 retry_at: None,
             }),
             wake: Condvar::new(),
-            answered: AtomicU64::new(0),
+            answered: super::Striped::default(),
             builds: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
         }
@@ -498,20 +515,22 @@ impl Index {
         // With keys dirty, the file and the dirty set are read together
         // (a swap prunes the set); with none, a write that lands meanwhile
         // is the race every cached read has, settled by the cache's guard.
+        // A guard, not a clone: no reference count that every miss on
+        // every thread would write.
         let file = if self.dirty_len.load(Acquire) == 0 {
-            self.current.load_full()
+            self.current.load()
         } else {
             let state = self.state();
             if state.dirty.contains_key(key) {
                 return Answer::AskDb;
             }
-            self.current.load_full()
+            self.current.load()
         };
-        let Some(file) = file else { return Answer::AskDb };
+        let Some(file) = file.as_ref() else { return Answer::AskDb };
         match file.find(key.as_bytes(), buf) {
             Ok(a) => {
                 if a != Answer::AskDb {
-                    self.answered.fetch_add(1, Relaxed);
+                    self.answered.add(1);
                 }
                 a
             }

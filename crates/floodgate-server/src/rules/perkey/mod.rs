@@ -7,20 +7,25 @@
 //!
 //! * **Lookups.** A domain without entries costs one set lookup. Otherwise
 //!   the descriptor's lookup key is looked up in the cache: first the
-//!   compact table ([`compact`]: "no entry" or a tier, keys of up to 46
-//!   bytes, one 64-byte line an answer, `--key-cache` answers, least
-//!   frequently used with aging), then for the other answers (own limits,
-//!   longer keys) [quick_cache] (S3-FIFO eviction, sharded, `--key-cache`
-//!   answers, about [`BYTES_PER_ANSWER`] bytes each). A cached answer is
-//!   the entry's limits only: a tier (one copy of its name per process) or
-//!   its own parsed limits. Concurrent misses for one key wait for the
-//!   first one's read (quick_cache's placeholder): one read per key. With
-//!   Redis, a cached answer older than the time to live (`--key-cache-ttl`,
-//!   default 5 min, less up to a fifth at random) is read again; on disk answers expire only when the flag is given (every
+//!   compact table ([`compact`]: "no entry" or a tier, seven answers to a
+//!   128-byte bucket, each kept as a 64-bit keyed fingerprint of its key
+//!   and one word, `--key-cache` answers, least frequently used with
+//!   aging), then for answers with their own limits [quick_cache]
+//!   (S3-FIFO eviction, sharded, `--key-cache` answers, about
+//!   [`BYTES_PER_ANSWER`] bytes each). A cached answer is the entry's
+//!   limits only: a tier (one copy of its name per process) or its own
+//!   parsed limits. Concurrent misses for one key cost one read: on disk
+//!   the later ones wait on the key's stripe ([`PerKey::stripe`]) and find
+//!   the first one's answer; with Redis they wait on quick_cache's
+//!   placeholder. With Redis, a cached answer older than the time to live
+//!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
+//!   read again; on disk answers expire only when the flag is given (every
 //!   write goes through this process, which drops its key).
-//! * **Misses.** On disk, a miss reads the database on the deciding thread
-//!   (a B-tree descent through one long-lived read transaction; redb
-//!   readers take no lock writers or other readers hold). With Redis, a
+//! * **Misses.** On disk, a miss reads the hash index beside the database
+//!   ([`index`]: one `pread`), or the database for keys written since the
+//!   index was built (a B-tree descent through one long-lived read
+//!   transaction; redb readers take no lock writers or other readers
+//!   hold), on the deciding thread. With Redis, a
 //!   miss waits for the next read batch (one `HMGET` per shard, beside the
 //!   decision's own call); when Redis fails, the miss gets the files' rules
 //!   and nothing is cached (`floodgate_key_read_errors_total`).
@@ -47,9 +52,11 @@ mod disk;
 mod front;
 mod index;
 mod sharded;
+mod striped;
 mod value;
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -58,7 +65,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use floodgate_core::rules::{ConfigError, Pos, Rule, RuleSet, check_tier_name, counter_key};
 use floodgate_redis::RedisStore;
-use quick_cache::sync::{Cache, GuardResult};
+use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 
 pub use disk::DB_CACHE_BYTES;
@@ -66,6 +73,7 @@ use disk::Disk;
 pub use front::BYTES as FRONT_BYTES;
 pub use sharded::SHARDS;
 use sharded::Sharded;
+pub use striped::Striped;
 pub use value::MAX_TIER_NAMES;
 pub use value::lookup_key;
 use value::{Stored, check_text, limits_of, own_limits};
@@ -98,7 +106,7 @@ pub const MAX_CACHE_ENTRIES: usize = 1 << 30;
 /// line and its bucket's share of the versions. The cache's share of the
 /// RSS bound is `--key-cache` × this, plus [`BYTES_PER_ANSWER`] for each
 /// answer in the general cache.
-pub const BYTES_PER_COMPACT_ANSWER: usize = compact::BYTES_PER_SLOT + 8 / compact::WAYS;
+pub const BYTES_PER_COMPACT_ANSWER: usize = compact::BYTES_PER_BUCKET.div_ceil(compact::WAYS);
 
 /// One `(key, value)` of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +268,16 @@ impl Default for CacheOptions {
     }
 }
 
+/// Stripes of keys for disk misses and writes ([`PerKey::stripe`]): two
+/// misses of different keys wait for each other only when their keys share
+/// one.
+const STRIPES: usize = 256;
+
+/// A value alone on its cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct Padded<T>(T);
+
 /// Longest lookup key a cache slot holds inline.
 const INLINE_KEY: usize = 46;
 
@@ -285,14 +303,6 @@ impl CacheKey {
         }
     }
 
-    /// Whether this is `key` (compared in place, no key built).
-    fn is(&self, key: &str) -> bool {
-        match self {
-            Self::Inline(n, bytes) => &bytes[..usize::from(*n)] == key.as_bytes(),
-            Self::Heap(s) => &**s == key,
-        }
-    }
-
     fn as_str(&self) -> &str {
         match self {
             // Copied from a `str` whole: always UTF-8.
@@ -310,6 +320,16 @@ struct Cached {
     expires_ms: u64,
 }
 
+/// What became of a miss's answer offered to the compact table.
+enum Kept {
+    /// Kept, with this code.
+    Yes(u32),
+    /// Not kept: something left the caches since its read began.
+    Raced,
+    /// Not an answer the table holds (own limits).
+    NotCompact,
+}
+
 /// A page of a listing.
 #[derive(Debug)]
 pub struct Page {
@@ -323,9 +343,9 @@ pub struct Page {
 #[derive(Debug, Default)]
 pub struct KeyStats {
     /// Lookups answered from the cache.
-    pub hits: AtomicU64,
+    pub hits: Striped,
     /// Lookups that read the store.
-    pub misses: AtomicU64,
+    pub misses: Striped,
     /// Misses the store failed to answer (the files' rules applied).
     pub read_errors: AtomicU64,
     /// Decisions whose entry named a tier the rules do not define.
@@ -397,11 +417,15 @@ pub struct PerKey {
     /// The other answers (own limits, long keys), and every miss's
     /// placeholder while its read is out (one read per key).
     cache: Cache<CacheKey, Cached>,
+    /// Set once the general cache has been given an answer on disk (until
+    /// then, a disk lookup does not read it).
+    general_used: AtomicBool,
+    /// Disk misses and writes, by stripes of keys ([`PerKey::stripe`]).
+    stripes: Box<[Padded<Mutex<()>>]>,
+    stripes_hash: foldhash::fast::RandomState,
     /// Bumped before anything leaves the caches: a miss's read that
     /// straddles a bump is not kept in `compact` (it may predate a write).
     epoch: AtomicU64,
-    /// This store's identity in the threads' [`front`] caches.
-    owner: u64,
     /// Bumped after anything leaves `cache` (a front slot of an older
     /// generation is not used).
     generation: AtomicU64,
@@ -449,8 +473,10 @@ impl PerKey {
             sharded: OnceLock::new(),
             compact: compact::Compact::new(cache.entries.clamp(1, MAX_CACHE_ENTRIES)),
             cache: Cache::new(cache.entries.clamp(1, MAX_CACHE_ENTRIES)),
+            general_used: AtomicBool::new(false),
+            stripes: (0..STRIPES).map(|_| Padded::default()).collect(),
+            stripes_hash: foldhash::fast::RandomState::default(),
             epoch: AtomicU64::new(0),
-            owner: front::new_owner(),
             generation: AtomicU64::new(0),
             ttl: cache.ttl,
             ttl_ms: AtomicU64::new(cache.ttl.map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))),
@@ -473,7 +499,7 @@ impl PerKey {
     /// writes once they pause).
     pub fn index_status(&self) -> IndexStatus {
         let ix = self.disk.index();
-        IndexStatus { ready: ix.is_built(), answered: ix.answered.load(Relaxed), builds: ix.builds.load(Relaxed) }
+        IndexStatus { ready: ix.is_built(), answered: ix.answered.get(), builds: ix.builds.load(Relaxed) }
     }
 
     /// Whether the entries are kept in Redis.
@@ -541,15 +567,18 @@ impl PerKey {
     /// to answer a miss (the files' rules apply then).
     pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
         let key = self.key_of(domain, entries)?;
-        let Some(sharded) = self.sharded.get() else { return self.lookup_disk(&key).map_or_else(|l| l, |c| c.limits) };
-        if let Some(c) = self.compact_hit(&key) {
+        let at = self.compact.place(&key);
+        let Some(sharded) = self.sharded.get() else {
+            return self.lookup_disk(&key, at).map_or_else(|l| l, |(c, _)| c.limits);
+        };
+        if let Some((c, _)) = self.compact_hit(at) {
             return c.limits;
         }
         let cache_key = CacheKey::new(&key);
         for _ in 0..2 {
             match self.cache.get_value_or_guard_async(&cache_key).await {
                 Ok(c) if self.fresh(&c) => {
-                    self.stats.hits.fetch_add(1, Relaxed);
+                    self.stats.hits.add(1);
                     return c.limits;
                 }
                 Ok(_) => {
@@ -558,18 +587,18 @@ impl PerKey {
                 Err(guard) => {
                     // The read this placeholder waited for may have gone
                     // to the compact table.
-                    if let Some(c) = self.compact_hit(&key) {
+                    if let Some((c, _)) = self.compact_hit(at) {
                         return c.limits;
                     }
                     let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
-                    self.stats.misses.fetch_add(1, Relaxed);
+                    self.stats.misses.add(1);
                     let got = sharded.read(key.clone()).await.inspect_err(|e| {
                         self.stats.read_errors.fetch_add(1, Relaxed);
                         tracing::debug!("a per-key miss could not be read: {e}; the files' rules apply");
                     });
                     let limits = self.decoded(&key, got.ok()?.as_deref());
                     // Either fails when a change removed the key meanwhile.
-                    if self.keep_compact(&key, &limits, expires_ms, epoch).is_none() {
+                    if let Kept::NotCompact = self.keep_compact(&key, at, &limits, expires_ms, epoch) {
                         let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
                     }
                     return limits;
@@ -597,29 +626,31 @@ impl PerKey {
             if !value::lookup_key_into(key, domain, entries) {
                 return Ok(None);
             }
+            let at = self.compact.place(key);
             // Taken before the shared cache is read (see `front`).
             let generation = self.generation.load(Acquire);
-            if let Some(answer) = front::get(self.owner, generation, || self.now_ms(), key) {
-                self.stats.hits.fetch_add(1, Relaxed);
+            if let Some(code) = front::get(at.fp, generation, || self.now_ms())
+                && let Some(answer) = compact::answer_of(code)
+            {
+                self.stats.hits.add(1);
                 return Ok(answer);
             }
-            let c = if self.sharded.get().is_none() {
-                match self.lookup_disk(key) {
-                    Ok(c) => c,
+            let (c, code) = if self.sharded.get().is_none() {
+                match self.lookup_disk(key, at) {
+                    Ok(got) => got,
                     Err(limits) => return Ok(limits),
                 }
-            } else if let Some(c) = self.compact_hit(key) {
-                c
+            } else if let Some((c, code)) = self.compact_hit(at) {
+                (c, Some(code))
             } else {
-                match self.cache.get(&CacheKey::new(key)) {
-                    Some(c) if self.fresh(&c) => {
-                        self.stats.hits.fetch_add(1, Relaxed);
-                        c
-                    }
-                    _ => return Err(()),
+                match self.general_hit(&CacheKey::new(key)) {
+                    Some(c) => (c, None),
+                    None => return Err(()),
                 }
             };
-            front::put(self.owner, generation, c.expires_ms, key, &c.limits);
+            if let Some(code) = code {
+                front::put(at.fp, generation, c.expires_ms, code);
+            }
             Ok(c.limits)
         })
     }
@@ -630,24 +661,36 @@ impl PerKey {
         self.lookup_now(domain, entries).ok().flatten()
     }
 
-    /// The compact table's answer for `key`, a hit counted.
-    fn compact_hit(&self, key: &str) -> Option<Cached> {
-        match self.compact.get(key, || self.now_ms()) {
-            compact::Found::Hit(limits, expires_ms) => {
-                self.stats.hits.fetch_add(1, Relaxed);
-                Some(Cached { limits, expires_ms })
+    /// The compact table's answer for the key at `at`, and its code, a hit
+    /// counted.
+    fn compact_hit(&self, at: compact::Place) -> Option<(Cached, u32)> {
+        match self.compact.get(at, || self.now_ms()) {
+            compact::Found::Hit(code, expires_ms) => {
+                let limits = compact::answer_of(code)?;
+                self.stats.hits.add(1);
+                Some((Cached { limits, expires_ms }, code))
             }
             compact::Found::Miss => None,
         }
     }
 
-    /// Keep a miss's answer in the compact table, read since `epoch`:
-    /// `None` when it does not fit there, else whether it was kept (not
-    /// when something left the caches since the read began: the read may
-    /// predate a write).
-    fn keep_compact(&self, key: &str, limits: &Option<Limits>, expires_ms: u64, epoch: u64) -> Option<bool> {
-        compact::Compact::fits(key, limits)
-            .then(|| self.compact.insert(key, limits, expires_ms, self.now_ms(), || self.epoch.load(Acquire) == epoch))
+    /// Keep a miss's answer for `key` (placed at `at`) in the compact
+    /// table, read since `epoch` (not kept when something left the caches
+    /// since the read began: the read may predate a write).
+    fn keep_compact(
+        &self,
+        key: &str,
+        at: compact::Place,
+        limits: &Option<Limits>,
+        expires_ms: u64,
+        epoch: u64,
+    ) -> Kept {
+        let Some(code) = compact::code_of(limits) else { return Kept::NotCompact };
+        if self.compact.insert(key, at, code, expires_ms, self.now_ms(), || self.epoch.load(Acquire) == epoch) {
+            Kept::Yes(code)
+        } else {
+            Kept::Raced
+        }
     }
 
     fn fresh(&self, c: &Cached) -> bool {
@@ -671,52 +714,71 @@ impl PerKey {
     /// A lookup on disk: the cache, then the database on this thread. The
     /// answer as cached, or `Err` with one that was not (a failed read, or
     /// one that raced a write and was not kept).
-    fn lookup_disk(&self, key: &str) -> Result<Cached, Option<Limits>> {
-        if let Some(c) = self.compact_hit(key) {
-            return Ok(c);
+    fn lookup_disk(&self, key: &str, at: compact::Place) -> Result<(Cached, Option<u32>), Option<Limits>> {
+        if let Some((c, code)) = self.compact_hit(at) {
+            return Ok((c, Some(code)));
         }
         let cache_key = CacheKey::new(key);
-        for _ in 0..2 {
-            match self.cache.get_value_or_guard(&cache_key, None) {
-                GuardResult::Value(c) if self.fresh(&c) => {
-                    self.stats.hits.fetch_add(1, Relaxed);
-                    return Ok(c);
-                }
-                GuardResult::Value(_) => {
-                    // Past its time to live: read it again.
-                    self.cache.remove(&cache_key);
-                }
-                GuardResult::Guard(g) => {
-                    // The read this placeholder waited for may have gone
-                    // to the compact table.
-                    if let Some(c) = self.compact_hit(key) {
-                        return Ok(c);
-                    }
-                    let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
-                    let limits = self.read_disk(key).map_err(|_| None)?;
-                    let c = Cached { limits, expires_ms };
-                    match self.keep_compact(key, &c.limits, expires_ms, epoch) {
-                        Some(true) => return Ok(c),
-                        // Raced a write: answered once, not kept.
-                        Some(false) => return Err(c.limits),
-                        None => {}
-                    }
-                    // Fails when a write removed the placeholder meanwhile:
-                    // the next lookup reads the new entry.
-                    return match g.insert(c.clone()) {
-                        Ok(()) => Ok(c),
-                        Err(_) => Err(c.limits),
-                    };
-                }
-                GuardResult::Timeout => break,
+        // The general cache is read only once it holds something (never,
+        // when every entry names a tier).
+        if self.general_used.load(Relaxed)
+            && let Some(c) = self.general_hit(&cache_key)
+        {
+            return Ok((c, None));
+        }
+        // A miss. With its key's stripe held, concurrent misses for it wait
+        // and then find this one's answer: one read.
+        let _reading = self.stripe(key);
+        if let Some((c, code)) = self.compact_hit(at) {
+            return Ok((c, Some(code)));
+        }
+        if self.general_used.load(Relaxed)
+            && let Some(c) = self.general_hit(&cache_key)
+        {
+            return Ok((c, None));
+        }
+        let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
+        let limits = self.read_disk(key).map_err(|_| None)?;
+        let c = Cached { limits, expires_ms };
+        match self.keep_compact(key, at, &c.limits, expires_ms, epoch) {
+            Kept::Yes(code) => Ok((c, Some(code))),
+            // Raced a write: answered once, not kept.
+            Kept::Raced => Err(c.limits),
+            Kept::NotCompact => {
+                // A write drops its keys holding their stripes (`forget`):
+                // it dropped this key before the read began, or drops it
+                // after this answer is kept. (The flag is set before the
+                // stripe is let go: the next miss of this key sees it.)
+                self.general_used.store(true, Relaxed);
+                self.cache.insert(cache_key, c.clone());
+                Ok((c, None))
             }
         }
-        Err(self.read_disk(key).ok().flatten())
+    }
+
+    /// The general cache's answer for `key`, a hit counted; one past its
+    /// time to live is dropped (read it again).
+    fn general_hit(&self, key: &CacheKey) -> Option<Cached> {
+        let c = self.cache.get(key)?;
+        if self.fresh(&c) {
+            self.stats.hits.add(1);
+            Some(c)
+        } else {
+            self.cache.remove(key);
+            None
+        }
+    }
+
+    /// Hold `key`'s stripe: a disk miss holds it across its read and the
+    /// keeping of its answer, and a write holds it while dropping the key.
+    fn stripe(&self, key: &str) -> std::sync::MutexGuard<'_, ()> {
+        let i = (self.stripes_hash.hash_one(key) % self.stripes.len() as u64) as usize;
+        self.stripes[i].0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Read one entry's limits from the database (a miss).
     fn read_disk(&self, key: &str) -> Result<Option<Limits>, KeyError> {
-        self.stats.misses.fetch_add(1, Relaxed);
+        self.stats.misses.add(1);
         let read = self.disk.with(key, |v| self.decoded(key, Some(v))).inspect_err(|e| {
             self.stats.read_errors.fetch_add(1, Relaxed);
             tracing::warn!("a per-key entry could not be read: {e}; the files' rules apply");
@@ -849,7 +911,9 @@ impl PerKey {
         self.dropping(|| {
             let domains = self.domains.load();
             for k in keys {
-                self.compact.remove(k);
+                // Not while a miss of this key reads (`lookup_disk`).
+                let _reading = self.stripe(k);
+                self.compact.remove(self.compact.place(k));
                 self.cache.remove(&CacheKey::new(k));
                 let d = value::domain_of(k);
                 if !domains.contains(d) && !new_domains.iter().any(|n| &**n == d) {
@@ -1196,7 +1260,7 @@ impl PerKey {
         self.stats.missed_notices.fetch_add(shards.len() as u64, Relaxed);
         tracing::debug!(?shards, "per-key shards changed with no notice: their cached answers are dropped");
         self.dropping(|| {
-            self.compact.retain(|k| !shards.contains(&sharded::shard_of(k)));
+            self.compact.retain_shards(|s| !shards.contains(&s));
             self.cache.retain(|k, _| !shards.contains(&sharded::shard_of(k.as_str())));
         });
     }
@@ -1406,11 +1470,12 @@ mod tests {
         let epoch = o.epoch.load(Acquire);
         let old: Option<Limits> = None;
         o.forget(std::iter::once(key));
-        assert_eq!(o.keep_compact(key, &old, u64::MAX, epoch), Some(false), "raced a write");
-        assert!(o.compact_hit(key).is_none());
+        let at = o.compact.place(key);
+        assert!(matches!(o.keep_compact(key, at, &old, u64::MAX, epoch), Kept::Raced), "raced a write");
+        assert!(o.compact_hit(at).is_none());
         let epoch = o.epoch.load(Acquire);
-        assert_eq!(o.keep_compact(key, &old, u64::MAX, epoch), Some(true), "no write since");
-        assert!(o.compact_hit(key).is_some());
+        assert!(matches!(o.keep_compact(key, at, &old, u64::MAX, epoch), Kept::Yes(0)), "no write since");
+        assert!(o.compact_hit(at).is_some());
         drop(o);
         let _ = std::fs::remove_dir_all(&dir);
     }

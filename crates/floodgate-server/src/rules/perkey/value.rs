@@ -125,10 +125,11 @@ pub const MAX_TIER_NAMES: usize = 65_536;
 /// rules file); past [`MAX_TIER_NAMES`] distinct ones, an entry naming a
 /// new one is refused (written) or ignored (read, counted as bad).
 pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
-    if let Some((t, _)) = TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get_key_value(name) {
+    if let Some((t, _)) = TIERS.load().get_key_value(name) {
         return Ok(t);
     }
-    let mut tiers = TIERS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _writing = INTERNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tiers = TIERS.load_full();
     if let Some((t, _)) = tiers.get_key_value(name) {
         return Ok(t);
     }
@@ -140,13 +141,22 @@ pub(crate) fn intern_tier(name: &str) -> Result<&'static str, KeyError> {
     let t: &'static str = Box::leak(Box::from(name));
     let id = tiers.len() as u32;
     let _ = TIER_NAMES[id as usize].set(t);
-    tiers.insert(t, id);
+    let mut more = Tiers::clone(&tiers);
+    more.insert(t, id);
+    TIERS.store(std::sync::Arc::new(more));
     Ok(t)
 }
 
-/// The interned tier names, by name: their ids.
-static TIERS: std::sync::LazyLock<std::sync::RwLock<std::collections::HashMap<&'static str, u32>>> =
-    std::sync::LazyLock::new(Default::default);
+type Tiers = std::collections::HashMap<&'static str, u32, foldhash::fast::RandomState>;
+
+/// The interned tier names, by name: their ids. Read on every per-key
+/// miss, from every deciding thread, without a lock (a lock's count would
+/// be one cache line every miss writes); a new name (rare: tier names are
+/// defined in rules files) replaces the map.
+static TIERS: std::sync::LazyLock<arc_swap::ArcSwap<Tiers>> = std::sync::LazyLock::new(Default::default);
+
+/// Held while a new name is added to [`TIERS`].
+static INTERNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The interned tier names, by id: read without a lock (a cached answer
 /// names its tier by id, see `compact`).
@@ -155,7 +165,7 @@ static TIER_NAMES: [std::sync::OnceLock<&'static str>; MAX_TIER_NAMES] =
 
 /// The id of an interned tier name.
 pub(crate) fn tier_id(name: &str) -> Option<u32> {
-    TIERS.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).copied()
+    TIERS.load().get(name).copied()
 }
 
 /// The interned tier name of an id.
