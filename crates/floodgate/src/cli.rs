@@ -165,8 +165,9 @@ pub(crate) struct CommonArgs {
     /// `none` to disable them (default: STATE_DIR/INSTANCE/overrides.redb).
     #[arg(long, env = "FLOODGATE_OVERRIDES_FILE")]
     pub(crate) overrides_file: Option<String>,
-    /// Per-key lookups cached (entries and "no entry" answers alike; about
-    /// 200 bytes each), evicted by S3-FIFO.
+    /// Per-key answers cached: tier and "no entry" answers in a table of
+    /// ~19 bytes an answer (least frequently used with aging), answers with
+    /// their own limits in up to as many more (~170 bytes each, S3-FIFO).
     #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
     pub(crate) key_cache: usize,
     /// How long a cached per-key answer is used before it is read again
