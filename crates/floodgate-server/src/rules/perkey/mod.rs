@@ -73,6 +73,7 @@ use disk::Disk;
 pub use front::BYTES as FRONT_BYTES;
 pub use sharded::SHARDS;
 use sharded::Sharded;
+use striped::Padded;
 pub use striped::Striped;
 pub use value::MAX_TIER_NAMES;
 pub use value::lookup_key;
@@ -95,7 +96,7 @@ pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(300);
 pub const VERSIONS_EVERY: Duration = Duration::from_secs(1);
 /// The metrics label of entries with their own limits and no `name`.
 pub const PER_KEY_LABEL: &str = "per-key";
-/// Memory per answer in the general cache (own limits, long keys), its
+/// Memory per answer in the general cache (own limits), its
 /// key included, measured with descriptors like `user=<7 digits>`
 /// (BENCHMARKS.md, "Per-key limits").
 pub const BYTES_PER_ANSWER: usize = 170;
@@ -273,11 +274,6 @@ impl Default for CacheOptions {
 /// one.
 const STRIPES: usize = 256;
 
-/// A value alone on its cache line.
-#[derive(Default)]
-#[repr(align(64))]
-struct Padded<T>(T);
-
 /// Longest lookup key a cache slot holds inline.
 const INLINE_KEY: usize = 46;
 
@@ -411,10 +407,10 @@ pub struct PerKey {
     disk: Disk,
     /// Set when entries are kept in Redis: every read and write goes there.
     sharded: OnceLock<Arc<Sharded>>,
-    /// The compact answers ("no entry", a tier) of short keys: most of
-    /// them ([`compact`]).
+    /// The compact answers ("no entry", a tier): most of them
+    /// ([`compact`]).
     compact: compact::Compact,
-    /// The other answers (own limits, long keys), and every miss's
+    /// The other answers (own limits), and with Redis every miss's
     /// placeholder while its read is out (one read per key).
     cache: Cache<CacheKey, Cached>,
     /// Set once the general cache has been given an answer on disk (until
@@ -719,11 +715,7 @@ impl PerKey {
             return Ok((c, Some(code)));
         }
         let cache_key = CacheKey::new(key);
-        // The general cache is read only once it holds something (never,
-        // when every entry names a tier).
-        if self.general_used.load(Relaxed)
-            && let Some(c) = self.general_hit(&cache_key)
-        {
+        if let Some(c) = self.general_hit_on_disk(&cache_key) {
             return Ok((c, None));
         }
         // A miss. With its key's stripe held, concurrent misses for it wait
@@ -732,9 +724,7 @@ impl PerKey {
         if let Some((c, code)) = self.compact_hit(at) {
             return Ok((c, Some(code)));
         }
-        if self.general_used.load(Relaxed)
-            && let Some(c) = self.general_hit(&cache_key)
-        {
+        if let Some(c) = self.general_hit_on_disk(&cache_key) {
             return Ok((c, None));
         }
         let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
@@ -767,6 +757,12 @@ impl PerKey {
             self.cache.remove(key);
             None
         }
+    }
+
+    /// [`PerKey::general_hit`] on disk, where the general cache is read
+    /// only once it holds something (never, when every entry names a tier).
+    fn general_hit_on_disk(&self, key: &CacheKey) -> Option<Cached> {
+        if self.general_used.load(Relaxed) { self.general_hit(key) } else { None }
     }
 
     /// Hold `key`'s stripe: a disk miss holds it across its read and the

@@ -14,13 +14,13 @@ const STRIPES: usize = 16;
 
 /// A counter of stripes (see the module's documentation).
 #[derive(Default)]
-pub struct Striped([Stripe; STRIPES]);
+pub struct Striped([Padded<AtomicU64>; STRIPES]);
 
-/// One stripe, alone on its cache lines (128 bytes: the adjacent-line
-/// prefetcher pairs lines).
+/// A value alone on its cache lines (128 bytes: the adjacent-line
+/// prefetcher pairs lines): a counter's stripe, a lock of a stripe of keys.
 #[derive(Default)]
 #[repr(align(128))]
-struct Stripe(AtomicU64);
+pub(super) struct Padded<T>(pub(super) T);
 
 /// Gives each thread its stripe, in the order threads first count.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
