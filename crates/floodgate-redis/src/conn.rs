@@ -36,18 +36,41 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// What one call sends.
+#[derive(Clone, Copy)]
+pub(crate) enum Packed<'a> {
+    /// One command: an error in its reply fails the call.
+    One(&'a redis::Cmd),
+    /// Commands pipelined: one write, one reply to wait for, answered as an
+    /// array of their replies, each holding its own error (the call fails
+    /// only when the connection does). On a cluster, commands of one slot
+    /// only.
+    Many(&'a redis::Pipeline),
+}
+
 impl Conn {
-    /// `cmd`, on a cluster to its keys' node, or with `at` to the primary
+    /// `what`, on a cluster to its keys' node, or with `at` to the primary
     /// serving that hash slot (a command without keys for one node: `SCAN`).
-    pub(crate) async fn query(&mut self, cmd: &redis::Cmd, at: Option<u16>) -> redis::RedisResult<redis::Value> {
-        match (self, at) {
+    pub(crate) async fn query(&mut self, what: Packed<'_>, at: Option<u16>) -> redis::RedisResult<redis::Value> {
+        let cmd = match what {
+            Packed::One(cmd) => cmd,
+            Packed::Many(pipe) => {
+                let replies = match self {
+                    Self::Single(c) => c.req_packed_commands(pipe, 0, pipe.len()).await,
+                    Self::Cluster(c) => c.req_packed_commands(pipe, 0, pipe.len()).await,
+                };
+                return replies.map(redis::Value::Array);
+            }
+        };
+        let r = match (self, at) {
             (Self::Single(c), _) => c.req_packed_command(cmd).await,
             (Self::Cluster(c), None) => c.req_packed_command(cmd).await,
             (Self::Cluster(c), Some(slot)) => {
                 let route = Route::new(slot, SlotAddr::Master);
                 c.route_command(cmd.clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))).await
             }
-        }
+        };
+        r.and_then(redis::Value::extract_error)
     }
 }
 

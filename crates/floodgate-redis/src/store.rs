@@ -11,7 +11,7 @@ use redis::cluster_routing::Slot;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::breaker::{Breaker, PROBE_EVERY};
-use crate::conn::{self, Live};
+use crate::conn::{self, Live, Packed};
 use crate::denied::DeniedCache;
 use crate::script::{self, CheckArgs, Op, Reply};
 use crate::target::Target;
@@ -310,12 +310,13 @@ impl RedisStore {
         }
     }
 
-    /// Send `cmd` (then `eval` on `NOSCRIPT`) on the slot's connection. When
-    /// it fails with not one byte sent, once more on a fresh connection.
-    /// Gives back the connection used, for [`RedisStore::drop_connection`].
+    /// Send `what` (then `eval` on `NOSCRIPT`) on the slot's connection.
+    /// When it fails with not one byte sent, once more on a fresh
+    /// connection. Gives back the connection used, for
+    /// [`RedisStore::drop_connection`].
     async fn send(
         &self,
-        cmd: &redis::Cmd,
+        what: Packed<'_>,
         eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
         slot: &ConnSlot,
         at: Option<u16>,
@@ -328,10 +329,10 @@ impl RedisStore {
             };
             let before = live.written();
             let mut c = live.conn.clone();
-            let r = match c.query(cmd, at).await.and_then(redis::Value::extract_error) {
+            let r = match c.query(what, at).await {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => match eval {
                     // A restarted (or new) server: EVAL loads the script.
-                    Some(eval) => c.query(&eval(), at).await.and_then(redis::Value::extract_error),
+                    Some(eval) => c.query(Packed::One(&eval()), at).await,
                     None => Err(e),
                 },
                 r => r,
@@ -357,7 +358,7 @@ impl RedisStore {
     /// primary of this hash slot instead of the command's keys' (`SCAN`).
     async fn call(
         &self,
-        cmd: &redis::Cmd,
+        what: Packed<'_>,
         eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
         gated: bool,
         deadline: Option<tokio::time::Instant>,
@@ -371,7 +372,7 @@ impl RedisStore {
         i.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + i.config.timeout);
         // The connection used, once known: a timeout drops the slot's.
-        let (used, result) = match tokio::time::timeout_at(deadline, self.send(cmd, eval, slot, at)).await {
+        let (used, result) = match tokio::time::timeout_at(deadline, self.send(what, eval, slot, at)).await {
             Ok((used, Ok(v))) => (used, Ok(v)),
             Ok((used, Err(e))) => (used, Err(CallError::Redis(e))),
             Err(_) => (None, Err(CallError::Timeout)),
@@ -405,7 +406,7 @@ impl RedisStore {
         cmd: &redis::Cmd,
         eval: &(dyn Fn() -> redis::Cmd + Sync),
     ) -> Result<redis::Value, StoreError> {
-        self.call(cmd, Some(eval), true, None, &self.inner.conn, None)
+        self.call(Packed::One(cmd), Some(eval), true, None, &self.inner.conn, None)
             .await
             .map_err(|e| e.store_error(self.inner.config.timeout))
     }
@@ -422,21 +423,55 @@ impl RedisStore {
     /// cross-thread wake-ups; a per-key miss's read). Beyond 16 threads,
     /// the shared connection.
     pub async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
-        let slot = {
-            let thread = std::thread::current().id();
-            let mut here = self.inner.here.lock().unwrap_or_else(PoisonError::into_inner);
-            match here.iter().find(|(t, _)| *t == thread) {
-                Some((_, slot)) => Some(Arc::clone(slot)),
-                None if here.len() < MAX_LANES => {
-                    let slot: Arc<ConnSlot> = Arc::new(Mutex::new(None));
-                    here.push((thread, Arc::clone(&slot)));
-                    Some(slot)
-                }
-                None => None,
-            }
-        };
+        let slot = self.here();
         let slot = slot.as_deref().unwrap_or(&self.inner.conn);
-        self.call(cmd, None, true, None, slot, None).await.map_err(|e| e.store_error(self.inner.config.timeout))
+        self.call(Packed::One(cmd), None, true, None, slot, None)
+            .await
+            .map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+
+    /// Each command of `pipe`, answered in order, on this thread's own
+    /// connection as [`RedisStore::raw_here`]. On one server they go as one
+    /// pipeline: one call through the breaker and the timeout, one write,
+    /// one reply to wait for (a batch of per-key misses, a command per
+    /// shard, costs what one command does). On a cluster each goes to its
+    /// own node, all together. A command that Redis refuses fails its own
+    /// answer; a call that fails (a timeout, a lost connection, the breaker
+    /// open) fails them all.
+    pub async fn raw_here_each(&self, pipe: &redis::Pipeline) -> Vec<Result<redis::Value, StoreError>> {
+        if matches!(self.inner.client, Client::Cluster(_)) {
+            return join_all(pipe.cmd_iter().map(|cmd| self.raw_here(cmd)).collect()).await;
+        }
+        let slot = self.here();
+        let slot = slot.as_deref().unwrap_or(&self.inner.conn);
+        let timeout = self.inner.config.timeout;
+        match self.call(Packed::Many(pipe), None, true, None, slot, None).await {
+            Ok(redis::Value::Array(replies)) if replies.len() == pipe.len() => replies
+                .into_iter()
+                .map(|v| v.extract_error().map_err(|e| CallError::Redis(e).store_error(timeout)))
+                .collect(),
+            Ok(_) => {
+                let e = CallError::Reply("a pipeline answered with the wrong count".to_owned());
+                pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect()
+            }
+            Err(e) => pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect(),
+        }
+    }
+
+    /// This thread's own connection slot (`None` beyond [`MAX_LANES`]
+    /// threads: the shared connection then).
+    fn here(&self) -> Option<Arc<ConnSlot>> {
+        let thread = std::thread::current().id();
+        let mut here = self.inner.here.lock().unwrap_or_else(PoisonError::into_inner);
+        match here.iter().find(|(t, _)| *t == thread) {
+            Some((_, slot)) => Some(Arc::clone(slot)),
+            None if here.len() < MAX_LANES => {
+                let slot: Arc<ConnSlot> = Arc::new(Mutex::new(None));
+                here.push((thread, Arc::clone(&slot)));
+                Some(slot)
+            }
+            None => None,
+        }
     }
 
     /// One administrative command (a bulk write, a listing) through the
@@ -444,7 +479,9 @@ impl RedisStore {
     /// connection of its own.
     pub async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        self.call(cmd, None, true, Some(deadline), &self.inner.bulk, None).await.map_err(|e| e.store_error(timeout))
+        self.call(Packed::One(cmd), None, true, Some(deadline), &self.inner.bulk, None)
+            .await
+            .map_err(|e| e.store_error(timeout))
     }
 
     /// Every key matching `pattern` (`SCAN … MATCH`, 1 000 a call), each
@@ -494,7 +531,7 @@ impl RedisStore {
             scan.arg(&cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
             let deadline = tokio::time::Instant::now() + timeout;
             let v = self
-                .call(&scan, None, true, Some(deadline), &self.inner.bulk, at)
+                .call(Packed::One(&scan), None, true, Some(deadline), &self.inner.bulk, at)
                 .await
                 .map_err(|e| e.store_error(timeout))?;
             let (next, found): (String, Vec<String>) = redis::FromRedisValue::from_redis_value(v)
@@ -544,7 +581,7 @@ impl RedisStore {
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
     pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
-        self.call(cmd, None, true, None, &self.inner.conn, None)
+        self.call(Packed::One(cmd), None, true, None, &self.inner.conn, None)
             .await
             .map_err(|e| e.store_error(self.inner.config.timeout))
     }
@@ -605,7 +642,7 @@ impl RedisStore {
     ) -> Result<Vec<i64>, CallError> {
         let cmd = script::command(false, requests, op);
         let eval = || script::command(true, requests, op);
-        let value = self.call(&cmd, Some(&eval), gated, deadline, slot, None).await?;
+        let value = self.call(Packed::One(&cmd), Some(&eval), gated, deadline, slot, None).await?;
         redis::FromRedisValue::from_redis_value(value).map_err(|e| CallError::Reply(e.to_string()))
     }
 
@@ -964,7 +1001,7 @@ impl Store for RedisStore {
         // A ping probes even through an open breaker: readiness must see
         // Redis come back.
         let ping = redis::cmd("PING");
-        let attempt = self.send(&ping, None, &self.inner.conn, None);
+        let attempt = self.send(Packed::One(&ping), None, &self.inner.conn, None);
         match tokio::time::timeout(t, attempt).await {
             Ok((_, Ok(_))) => {
                 self.inner.breaker.success();

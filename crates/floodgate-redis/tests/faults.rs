@@ -363,3 +363,54 @@ fn a_batch_reads_its_string_states_in_one_mget_and_writes_each_once() {
     };
     assert_eq!((calls("mget"), calls("get"), calls("set")), (1, 0, 3), "{stats}");
 }
+
+/// `raw_here_each`: the commands of a pipeline answered in order, one
+/// that Redis refuses failing alone (a per-key read batch: one shard's
+/// failure must not fail the others'), and a hung Redis failing them all
+/// within the timeout; the same on a cluster, where each command goes to
+/// its own node.
+#[test]
+fn a_pipeline_answers_each_command_and_fails_one_alone() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let s = store(&server.url(), Duration::from_millis(200));
+    server.cli(&["HSET", "h", "a", "1"]);
+    server.cli(&["SET", "str", "x"]);
+    let mut pipe = redis::pipe();
+    pipe.cmd("HMGET").arg("h").arg("a").arg("b");
+    pipe.cmd("HMGET").arg("str").arg("a");
+    pipe.cmd("GET").arg("str");
+    rt.block_on(async {
+        let got = s.raw_here_each(&pipe).await;
+        assert_eq!(got.len(), 3);
+        let first: Vec<Option<String>> = redis::FromRedisValue::from_redis_value(got[0].clone().unwrap()).unwrap();
+        assert_eq!(first, [Some("1".to_owned()), None]);
+        let e = got[1].as_ref().unwrap_err().to_string();
+        assert!(e.contains("WRONGTYPE"), "the refused command fails alone: {e}");
+        let third: String = redis::FromRedisValue::from_redis_value(got[2].clone().unwrap()).unwrap();
+        assert_eq!(third, "x");
+        assert!(!s.stats().breaker_open, "a refused command is a reply, not a fault");
+
+        server.pause();
+        let t = Instant::now();
+        let got = s.raw_here_each(&pipe).await;
+        assert!(got.iter().all(Result::is_err), "a hung Redis fails every command");
+        assert!(t.elapsed() < Duration::from_millis(800), "within the timeout: {:?}", t.elapsed());
+        server.resume();
+    });
+    let cluster = RedisCluster::start();
+    let c = store(&cluster.url(), Duration::from_secs(2));
+    rt.block_on(async {
+        let mut pipe = redis::pipe();
+        for k in ["{a}x", "{b}y", "{c}z"] {
+            pipe.cmd("SET").arg(k).arg(k);
+        }
+        for k in ["{a}x", "{b}y", "{c}z"] {
+            pipe.cmd("GET").arg(k);
+        }
+        let got = c.raw_here_each(&pipe).await;
+        let values: Vec<String> =
+            got[3..].iter().map(|v| redis::FromRedisValue::from_redis_value(v.clone().unwrap()).unwrap()).collect();
+        assert_eq!(values, ["{a}x", "{b}y", "{c}z"], "each to its own node");
+    });
+}

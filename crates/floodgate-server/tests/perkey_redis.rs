@@ -173,12 +173,10 @@ async fn a_lost_subscription_drops_the_cache_and_a_dead_redis_keeps_cached_answe
     let dir = TempDir::new("pk-lost");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
-    let notices = a.stats().notices.load(Relaxed);
-    a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
     // A's own write comes back as a notice, which drops the key again: wait
     // for it, so that what is cached next stays (the notice once came after
     // the lookup under load, and the lookup after it read the change below).
-    until(Duration::from_secs(5), "the write's own notice", async || a.stats().notices.load(Relaxed) > notices).await;
+    put_seen(&a, tiered("alice", "free")).await;
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // A change A never hears of (written behind its back, no notice, no
     // version bump): A's cache keeps the old answer...
@@ -237,18 +235,72 @@ async fn write_behind(redis: &RedisServer, user: &str, tier: &str, bump: bool) {
     }
 }
 
+/// A write through `k`, its own change notice awaited (a notice that came
+/// after a later lookup would drop what that lookup cached).
+async fn put_seen(k: &PerKey, spec: KeySpec) {
+    let notices = k.stats().notices.load(Relaxed);
+    k.put(spec, &rules(), |_| None).await.unwrap();
+    until(Duration::from_secs(5), "the write's own notice", async || k.stats().notices.load(Relaxed) > notices).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_in_use_is_read_again_before_it_expires_and_an_unused_one_expires() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-refresh");
+    // A 2 s time to live: an answer expires 1.6 to 2 s after its read, and
+    // falls due for its refresh 1 s before.
+    let cache = CacheOptions { entries: 10_000, ttl: Some(Duration::from_secs(2)) };
+    let a = Arc::new(PerKey::open_with(dir.0.join("a.redb"), cache).expect("a store"));
+    tokio::spawn(a.share(store(&redis.url())));
+    ready(&a).await;
+    put_seen(&a, tiered("alice", "free")).await;
+    put_seen(&a, tiered("bob", "free")).await;
+    assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
+    assert_eq!(lookup(&a, "bob").await.as_deref(), Some("free"));
+    // Both change behind A's back (no notice, no version bump): only a
+    // read of Redis can see it.
+    write_behind(&redis, "alice", "pro", false).await;
+    write_behind(&redis, "bob", "pro", false).await;
+    // Alice is in use, looked up every 10 ms for 5 s (2.5 times to live):
+    // her answer never expires, and its refreshes read the change.
+    let misses = a.stats().misses.get();
+    let started = Instant::now();
+    let mut seen_pro = None;
+    while started.elapsed() < Duration::from_secs(5) {
+        match a.lookup_now("api", &[("user", "alice")]) {
+            Ok(l) => {
+                if seen_pro.is_none() && tier(l).as_deref() == Some("pro") {
+                    seen_pro = Some(started.elapsed());
+                }
+            }
+            Err(()) => panic!("alice's answer expired in use, {:?} in", started.elapsed()),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("a refresh read the change {seen_pro:?} in");
+    assert!(seen_pro.is_some(), "the refreshes read Redis: alice's change was seen");
+    assert_eq!(a.stats().misses.get(), misses, "an answer in use is read again before it expires, not on a miss");
+    let refreshed = a.stats().refreshed.load(Relaxed);
+    assert!(
+        (3..=15).contains(&refreshed),
+        "{refreshed} refreshes in 5 s: about one every 0.6 to 1 s, not one a lookup"
+    );
+    // Bob was not used: his answer expired, and a lookup reads him again.
+    assert!(a.lookup_now("api", &[("user", "bob")]).is_err(), "an unused answer expires");
+    assert_eq!(lookup(&a, "bob").await.as_deref(), Some("pro"));
+    assert_eq!(a.stats().misses.get(), misses + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_whose_notice_was_lost_is_caught_by_the_shards_versions() {
     let redis = RedisServer::start();
     let dir = TempDir::new("pk-versions");
     let a = instance(&dir, "a", &redis.url());
     ready(&a).await;
-    let notices = a.stats().notices.load(Relaxed);
-    a.put(tiered("alice", "free"), &rules(), |_| None).await.unwrap();
     // The write's own notice first (under load it can come after the
     // lookup, drop the answer, and the change below would then be read
     // without the version read this test is about).
-    until(Duration::from_secs(5), "the write's own notice", async || a.stats().notices.load(Relaxed) > notices).await;
+    put_seen(&a, tiered("alice", "free")).await;
     assert_eq!(lookup(&a, "alice").await.as_deref(), Some("free"));
     // Its notice never came, but the shard's version moved: within a few
     // version reads (every second) the answer is read again.

@@ -344,6 +344,13 @@ pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
     );
     gauge(
         out,
+        "floodgate_key_cache_refreshes_total",
+        "counter",
+        "Per-key answers read again in the background, hit in the last half of their time to live (with Redis).",
+        s.refreshed.load(Relaxed),
+    );
+    gauge(
+        out,
         "floodgate_key_notices_total",
         "counter",
         "Per-key change notices taken from Redis (each dropped its keys' cached answers).",

@@ -94,6 +94,28 @@ pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(300);
 /// How often the shards' versions are read (a missed notice is caught
 /// within this).
 pub const VERSIONS_EVERY: Duration = Duration::from_secs(1);
+/// With entries in Redis, a compact answer hit in the last
+/// `1 / REFRESH_SHARE` of its time to live is read again in the
+/// background ([`PerKey::refresh_due`]): an answer in use is renewed before
+/// it expires instead of missing then (with the default 5 minutes, an
+/// answer hit at least once in the last 2.5 minutes of its life). A
+/// refresh is a key in a batch of up to a thousand, off the decisions'
+/// path, where a miss is a decision waiting for a read: the last half and
+/// not a tenth, so that answers hit every minute or two, most of a full
+/// cache under Zipf-like keys, are renewed too. Answers that go unused
+/// expire.
+pub const REFRESH_SHARE: u64 = 2;
+/// How long a thread's front copy of a due answer is used after it asked
+/// for its refresh (so each thread asks at most this often per key, also
+/// while Redis fails to answer).
+const REFRESH_RETRY_MS: u64 = 1_000;
+/// Due answers waiting for their refresh; beyond, a hit does not ask (the
+/// answer misses at its expiry, as without refreshes).
+const DUE_QUEUE: usize = 16_384;
+/// How often the refresher takes the due answers asked for meanwhile (a
+/// hit only queues its key: waking the refresher for each would cost a
+/// cross-thread wake-up a hit).
+const REFRESH_EVERY: Duration = Duration::from_millis(20);
 /// The metrics label of entries with their own limits and no `name`.
 pub const PER_KEY_LABEL: &str = "per-key";
 /// Memory per answer in the general cache (own limits), its
@@ -316,6 +338,12 @@ struct Cached {
     expires_ms: u64,
 }
 
+/// A compact answer hit while due for its refresh ([`REFRESH_SHARE`]).
+struct Due {
+    key: String,
+    at: compact::Place,
+}
+
 /// What became of a miss's answer offered to the compact table.
 enum Kept {
     /// Kept, with this code.
@@ -355,6 +383,9 @@ pub struct KeyStats {
     pub missed_notices: AtomicU64,
     /// Change notices taken from Redis (each dropped its keys' answers).
     pub notices: AtomicU64,
+    /// Answers read again in the background before they expired (hit
+    /// while due: [`REFRESH_SHARE`]).
+    pub refreshed: AtomicU64,
 }
 
 /// The on-disk hash index's state ([`PerKey::index_status`]).
@@ -429,6 +460,12 @@ pub struct PerKey {
     ttl: Option<Duration>,
     /// The time to live in use (`u64::MAX`: none).
     ttl_ms: AtomicU64,
+    /// With Redis, how long before its expiry a hit asks for an answer's
+    /// refresh (0: never, on disk).
+    refresh_ms: AtomicU64,
+    /// Due answers asked for since the refresher last took them (with
+    /// Redis: [`PerKey::refresh_due`]).
+    due: Mutex<Vec<Due>>,
     opened: Instant,
     /// Domains with at least one entry (most requests skip the cache).
     domains: ArcSwap<HashSet<Box<str>>>,
@@ -476,6 +513,8 @@ impl PerKey {
             generation: AtomicU64::new(0),
             ttl: cache.ttl,
             ttl_ms: AtomicU64::new(cache.ttl.map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))),
+            refresh_ms: AtomicU64::new(0),
+            due: Mutex::default(),
             opened: Instant::now(),
             domains: ArcSwap::default(),
             all_domains: AtomicBool::new(false),
@@ -645,7 +684,7 @@ impl PerKey {
                 }
             };
             if let Some(code) = code {
-                front::put(at.fp, generation, c.expires_ms, code);
+                front::put(at.fp, generation, self.front_until(key, at, c.expires_ms), code);
             }
             Ok(c.limits)
         })
@@ -686,6 +725,72 @@ impl PerKey {
             Kept::Yes(code)
         } else {
             Kept::Raced
+        }
+    }
+
+    /// Until when a thread's front copy of the compact answer for `key`,
+    /// expiring at `expires_ms`, is used: until the answer falls due for its
+    /// refresh, so that a hit then reaches the shared table and this. A due
+    /// one is sent for its refresh now, and its front copy used for
+    /// [`REFRESH_RETRY_MS`] at most.
+    fn front_until(&self, key: &str, at: compact::Place, expires_ms: u64) -> u64 {
+        let window = self.refresh_ms.load(Relaxed);
+        if expires_ms == u64::MAX || window == 0 {
+            return expires_ms;
+        }
+        let due_at = expires_ms.saturating_sub(window);
+        let now = self.now_ms();
+        if now < due_at {
+            return due_at;
+        }
+        let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+        // Full: this answer misses at its expiry instead.
+        if due.len() < DUE_QUEUE {
+            due.push(Due { key: key.to_owned(), at });
+        }
+        drop(due);
+        expires_ms.min(now.saturating_add(REFRESH_RETRY_MS))
+    }
+
+    /// Read due answers again: every [`REFRESH_EVERY`], those asked for
+    /// meanwhile, each key once, [`sharded::READ_BATCH`] a read; and keep
+    /// what is read with a new expiry, as a miss keeps its read (not when
+    /// something left the caches meanwhile). An
+    /// answer that Redis fails to give stays as it was and expires as
+    /// usual (a hit while still due asks again); one that is no longer
+    /// compact (the entry now has its own limits, a change whose notice
+    /// has yet to come) leaves the caches. Runs as long as the store does.
+    async fn refresh_due(&self, sharded: &Sharded) {
+        let mut every = tokio::time::interval(REFRESH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let mut due = std::mem::take(&mut *self.due.lock().unwrap_or_else(PoisonError::into_inner));
+            due.sort_unstable_by_key(|d| d.at.fp);
+            due.dedup_by_key(|d| d.at.fp);
+            for batch in due.chunks(sharded::READ_BATCH) {
+                self.refresh(sharded, batch).await;
+            }
+        }
+    }
+
+    /// [`PerKey::refresh_due`] of one batch.
+    async fn refresh(&self, sharded: &Sharded, batch: &[Due]) {
+        let epoch = self.epoch.load(Acquire);
+        let values = {
+            let keys: Vec<&str> = batch.iter().map(|d| d.key.as_str()).collect();
+            sharded.read_now(&keys).await
+        };
+        for (d, got) in batch.iter().zip(values) {
+            let Ok(got) = got else { continue };
+            let limits = self.decoded(&d.key, got.as_deref());
+            match self.keep_compact(&d.key, d.at, &limits, self.expiry(), epoch) {
+                Kept::Yes(_) => {
+                    self.stats.refreshed.fetch_add(1, Relaxed);
+                }
+                Kept::Raced => {}
+                Kept::NotCompact => self.forget(std::iter::once(d.key.as_str())),
+            }
         }
     }
 
@@ -1123,11 +1228,15 @@ impl PerKey {
         if self.ttl.is_none() {
             self.ttl_ms.store(u64::try_from(DEFAULT_CACHE_TTL.as_millis()).unwrap_or(u64::MAX), Relaxed);
         }
+        let ttl = self.ttl_ms.load(Relaxed);
+        if ttl != u64::MAX {
+            self.refresh_ms.store(ttl / REFRESH_SHARE, Relaxed);
+        }
         // Until Redis's counts are read, every domain is looked up.
         self.all_domains.store(true, Relaxed);
         let this = self.clone();
         async move {
-            this.follow(&sharded).await;
+            tokio::join!(this.follow(&sharded), this.refresh_due(&sharded));
         }
     }
 

@@ -30,7 +30,8 @@
 //!
 //! Misses are read in batches ([`Sharded::read`]), per deciding thread: the
 //! thread's misses waiting while a batch is out go together in the next,
-//! one `HMGET` per shard, sent together on the thread's own connection; at
+//! one `HMGET` per shard, sent together on the thread's own connection (on
+//! one server as one pipeline: a batch costs the client one call); at
 //! most [`READS_IN_FLIGHT`] batches a thread are out at once. A miss, its
 //! batch and the reply stay on the thread that decides (one reader for the
 //! whole process cost three or four cross-thread wake-ups a batch).
@@ -123,6 +124,8 @@ pub(crate) struct Sharded {
     readers: Mutex<Vec<(std::thread::ThreadId, mpsc::Sender<Read>)>>,
     /// Read batches sent so far.
     pub(crate) batches: AtomicU64,
+    /// Each shard's entries key (`e`), made once: every miss names one.
+    entries_keys: Box<[String]>,
 }
 
 fn shared(e: impl std::fmt::Display) -> KeyError {
@@ -153,7 +156,9 @@ enum Via {
 impl Sharded {
     pub(crate) fn new(store: RedisStore) -> Self {
         let prefix = store.config().key_prefix.clone();
+        let entries_keys = (0..SHARDS).map(|s| format!("{prefix}{{keys:{s:02}}}:e")).collect();
         Self {
+            entries_keys,
             channel: format!("{prefix}keys:changed"),
             marker: format!("{prefix}keys:layout"),
             prefix,
@@ -190,25 +195,32 @@ impl Sharded {
     }
 
     /// The values under `keys`, in order: one `HMGET` per shard, sent
-    /// together. A shard's failure fails its keys only.
+    /// together (with the decisions' connection, on one server, as one
+    /// pipeline). A shard's failure fails its keys only.
     async fn values(&self, keys: &[&str], via: Via) -> Vec<Result<Option<Vec<u8>>, KeyError>> {
         let mut by_shard: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, k) in keys.iter().enumerate() {
             by_shard.entry(shard_of(k)).or_default().push(i);
         }
-        let calls = by_shard.into_iter().map(|(shard, idx)| async move {
-            let mut cmd = ::redis::cmd("HMGET");
-            cmd.arg(self.key(shard, "e"));
-            for &i in &idx {
+        let mut pipe = ::redis::Pipeline::with_capacity(by_shard.len());
+        for (&shard, idx) in &by_shard {
+            let cmd = pipe.cmd("HMGET").arg(&self.entries_keys[shard]);
+            for &i in idx {
                 cmd.arg(keys[i]);
             }
-            let got = self.call::<Vec<Option<Vec<u8>>>>(&cmd, via).await.and_then(|got| {
+        }
+        let replies = match via {
+            Via::Decisions => self.store.raw_here_each(&pipe).await,
+            Via::Admin => {
+                let calls = pipe.cmd_iter().map(|cmd| self.store.bulk(cmd, ADMIN_TIMEOUT));
+                floodgate_redis::join_all(calls.collect()).await
+            }
+        };
+        let mut out: Vec<Result<Option<Vec<u8>>, KeyError>> = keys.iter().map(|_| Ok(None)).collect();
+        for ((_, idx), got) in by_shard.into_iter().zip(replies) {
+            let got = reply::<Vec<Option<Vec<u8>>>>(got).and_then(|got| {
                 if got.len() == idx.len() { Ok(got) } else { Err(shared("Redis answered HMGET with the wrong count")) }
             });
-            (idx, got)
-        });
-        let mut out: Vec<Result<Option<Vec<u8>>, KeyError>> = keys.iter().map(|_| Ok(None)).collect();
-        for (idx, got) in floodgate_redis::join_all(calls.collect()).await {
             match got {
                 Ok(values) => idx.into_iter().zip(values).for_each(|(i, v)| out[i] = Ok(v)),
                 Err(e) => idx.into_iter().for_each(|i| out[i] = Err(again(&e))),
@@ -269,6 +281,12 @@ impl Sharded {
         for (r, v) in batch.into_iter().zip(values) {
             let _ = r.reply.send(v);
         }
+    }
+
+    /// The values under `keys`, read now on the decisions' connection
+    /// (answers due for their refresh): [`Sharded::values`].
+    pub(crate) async fn read_now(&self, keys: &[&str]) -> Vec<Result<Option<Vec<u8>>, KeyError>> {
+        self.values(keys, Via::Decisions).await
     }
 
     /// The value under `key`, read now (the admin API's exact lookup).
