@@ -171,8 +171,9 @@ pub(crate) struct CommonArgs {
     #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
     pub(crate) key_cache: usize,
     /// How long a cached per-key answer is used before it is read again
-    /// (default: 5m with a Redis store; none on disk, where every write
-    /// goes through this process).
+    /// (default: 5m with a Redis store, where an answer hit in the last
+    /// half of it is read again in the background first; none on disk,
+    /// where every write goes through this process).
     #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL")]
     pub(crate) key_cache_ttl: Option<String>,
     /// Where instances keep their own files (default: $XDG_STATE_HOME/floodgate,

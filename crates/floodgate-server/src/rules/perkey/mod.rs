@@ -19,8 +19,10 @@
 //!   the first one's answer; with Redis they wait on quick_cache's
 //!   placeholder. With Redis, a cached answer older than the time to live
 //!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
-//!   read again; on disk answers expire only when the flag is given (every
-//!   write goes through this process, which drops its key).
+//!   read again, and a compact answer hit in the last half of it is read
+//!   again before then, in the background ([`REFRESH_SHARE`]); on disk
+//!   answers expire only when the flag is given (every write goes through
+//!   this process, which drops its key).
 //! * **Misses.** On disk, a miss reads the hash index beside the database
 //!   ([`index`]: one `pread`), or the database for keys written since the
 //!   index was built (a B-tree descent through one long-lived read
