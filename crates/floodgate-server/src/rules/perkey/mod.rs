@@ -778,15 +778,18 @@ impl PerKey {
 
     /// [`PerKey::refresh_due`] of one batch.
     async fn refresh(&self, sharded: &Sharded, batch: &[Due]) {
+        // Taken before the read, as a miss takes them: an answer expires
+        // within the time to live of the state it was read from.
         let epoch = self.epoch.load(Acquire);
+        let expiries: Vec<u64> = batch.iter().map(|_| self.expiry()).collect();
         let values = {
             let keys: Vec<&str> = batch.iter().map(|d| d.key.as_str()).collect();
             sharded.read_now(&keys).await
         };
-        for (d, got) in batch.iter().zip(values) {
+        for ((d, got), expires_ms) in batch.iter().zip(values).zip(expiries) {
             let Ok(got) = got else { continue };
             let limits = self.decoded(&d.key, got.as_deref());
-            match self.keep_compact(&d.key, d.at, &limits, self.expiry(), epoch) {
+            match self.keep_compact(&d.key, d.at, &limits, expires_ms, epoch) {
                 Kept::Yes(_) => {
                     self.stats.refreshed.fetch_add(1, Relaxed);
                 }
