@@ -96,6 +96,12 @@ redis.call('PUBLISH', ARGV[1], ARGV[3] .. ':' .. version .. ':' .. ARGV[2])
 return out
 ";
 
+/// A shard's entries (`e`), index (`i`), counts (`c`) or version (`v`)
+/// key, under the store's key prefix.
+fn shard_key(prefix: &str, shard: usize, part: &str) -> String {
+    format!("{prefix}{{keys:{shard:02}}}:{part}")
+}
+
 /// The shard of a lookup key (FNV-1a: stable across builds and machines).
 pub(crate) fn shard_of(key: &str) -> usize {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -156,7 +162,7 @@ enum Via {
 impl Sharded {
     pub(crate) fn new(store: RedisStore) -> Self {
         let prefix = store.config().key_prefix.clone();
-        let entries_keys = (0..SHARDS).map(|s| format!("{prefix}{{keys:{s:02}}}:e")).collect();
+        let entries_keys = (0..SHARDS).map(|s| shard_key(&prefix, s, "e")).collect();
         Self {
             entries_keys,
             channel: format!("{prefix}keys:changed"),
@@ -168,10 +174,9 @@ impl Sharded {
         }
     }
 
-    /// A shard's entries (`e`), index (`i`), counts (`c`) or version (`v`)
-    /// key.
+    /// [`shard_key`] under this store's prefix.
     fn key(&self, shard: usize, part: &str) -> String {
-        format!("{}{{keys:{shard:02}}}:{part}", self.prefix)
+        shard_key(&self.prefix, shard, part)
     }
 
     /// One command's reply.
@@ -292,7 +297,7 @@ impl Sharded {
     /// The value under `key`, read now (the admin API's exact lookup).
     pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
         let mut cmd = ::redis::cmd("HGET");
-        cmd.arg(self.key(shard_of(key), "e")).arg(key);
+        cmd.arg(&self.entries_keys[shard_of(key)]).arg(key);
         self.call(&cmd, Via::Admin).await
     }
 
