@@ -47,14 +47,12 @@ async fn main() {
         for global in [false, true] {
             let mut c = RedisConfig::new(server.url().parse().unwrap());
             c.key_prefix = format!("r{}:", u8::from(global)); // round 1: every key known
-            let store = Arc::new(RedisStore::new(c).unwrap());
-            if global {
-                store.set_region(RegionCtx {
-                    regions: 3,
-                    warming: Arc::new(AtomicBool::new(false)),
-                    retry_us: 200_000,
-                });
-            }
+            let store = Arc::new(if global {
+                let ctx = RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 };
+                RedisStore::regional(c, ctx).unwrap()
+            } else {
+                RedisStore::new(c).unwrap()
+            });
             let scope = if global { Scope::Global(SyncMode::Eventual) } else { Scope::Region };
             let (cpu0, calls0, usec0) = info(&server);
             let t = std::time::Instant::now();

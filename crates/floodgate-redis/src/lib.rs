@@ -14,6 +14,7 @@
 mod breaker;
 mod conn;
 mod denied;
+mod global;
 mod pubsub;
 pub mod region;
 pub mod script;
@@ -22,8 +23,9 @@ mod store;
 mod target;
 pub mod testing;
 
+pub use global::RegionCtx;
 pub use pubsub::{PING_EVERY, Subscription};
-pub use region::{MergeStats, RegionCtx};
+pub use region::{MergeStats, RedisRegion};
 pub use shared::SharedMap;
 pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore, join_all};
 pub use target::{Target, TargetError};

@@ -13,7 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::breaker::{Breaker, PROBE_EVERY};
 use crate::conn::{self, Live, Packed};
 use crate::denied::DeniedCache;
-use crate::script::{self, CheckArgs, Op, Reply};
+use crate::global::RegionCtx;
+use crate::script::{self, CheckArgs, GlobalArgs, Op, Reply};
 use crate::target::Target;
 
 /// Settings of a [`RedisStore`].
@@ -157,7 +158,7 @@ struct Inner {
     /// Whether the background probe runs.
     probing: std::sync::atomic::AtomicBool,
     /// When this store is a region's: how it decides `global` checks.
-    pub(crate) region: std::sync::OnceLock<crate::region::RegionCtx>,
+    region: Option<RegionCtx>,
 }
 
 enum Client {
@@ -195,6 +196,17 @@ impl RedisStore {
     /// A store for `config`. Connects lazily: the first call (or
     /// [`Store::ping`]) connects, so a server that starts later is fine.
     pub fn new(config: RedisConfig) -> Result<Self, redis::RedisError> {
+        Self::build(config, None)
+    }
+
+    /// A region's store for `config`: `global` checks are decided over
+    /// every region's counts, as `region` says (see [`crate::RedisRegion`],
+    /// which builds its store so).
+    pub fn regional(config: RedisConfig, region: RegionCtx) -> Result<Self, redis::RedisError> {
+        Self::build(config, Some(region))
+    }
+
+    fn build(config: RedisConfig, region: Option<RegionCtx>) -> Result<Self, redis::RedisError> {
         let client = match &config.target {
             Target::Single(url) => Client::Single(redis::Client::open(url.as_str())?),
             Target::Cluster(urls) => Client::Cluster(Box::new(
@@ -227,7 +239,7 @@ impl RedisStore {
                 replaced: AtomicU64::new(0),
                 epoch: AtomicU64::new(0),
                 probing: std::sync::atomic::AtomicBool::new(false),
-                region: std::sync::OnceLock::new(),
+                region,
             }),
         })
     }
@@ -567,16 +579,10 @@ impl RedisStore {
         Ok(out)
     }
 
-    /// How this store decides `global` checks, when it is a region's.
-    pub(crate) fn region_ctx(&self) -> Option<&crate::region::RegionCtx> {
-        self.inner.region.get()
-    }
-
-    /// Make this store a region's: `global` checks are decided over every
-    /// region's counts (see `floodgate_redis::region`). Once; later calls
-    /// change nothing.
-    pub fn set_region(&self, ctx: crate::region::RegionCtx) {
-        let _ = self.inner.region.set(ctx);
+    /// The script's global arguments for check `c`, when this store is a
+    /// region's and the check is global.
+    fn global_args(&self, c: &Check<'_>) -> Option<(String, GlobalArgs)> {
+        self.inner.region.as_ref()?.args(&self.inner.config.key_prefix, c)
     }
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).

@@ -23,9 +23,8 @@ fn store(url: &str) -> RedisStore {
     let mut c = RedisConfig::new(url.parse().unwrap());
     c.timeout = Duration::from_secs(2);
     c.cache_denials = false;
-    let s = RedisStore::new(c).unwrap();
-    s.set_region(RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 });
-    s
+    RedisStore::regional(c, RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 })
+        .unwrap()
 }
 
 /// Region a, with b and c's full state already in (not warming).

@@ -207,7 +207,7 @@ fn held(handed: Handed) -> impl tokio_stream::Stream<Item = std::io::Result<Held
 
 /// The sync service on `listener` and the links to every peer, for a
 /// region whose state is `region`.
-fn spawn_sync<R: floodgate_sync::Region + Clone>(
+fn spawn_sync<R: floodgate_core::region::Region + Clone>(
     servers: &mut JoinSet<(&'static str, Result<(), String>)>,
     region: R,
     regions: &Regions,
@@ -306,9 +306,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             ServerStore::Regional(memory(config.max_keys), table, Arc::new(regions))
         }
         (Some(redis), Some(r)) => {
-            let store = RedisStore::new(redis.clone())
-                .map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?;
-            let regions = Regions::redis(r.clone(), store.clone()).map_err(ServeError::Config)?;
+            let regions = Regions::redis(r.clone(), redis.clone()).map_err(ServeError::Config)?;
             log_region(
                 r,
                 if matches!(redis.target, floodgate_redis::Target::Cluster(_)) { "redis cluster" } else { "redis" },
@@ -316,7 +314,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             let RegionState::Redis(region) = regions.state.clone() else {
                 return Err(ServeError::Config("a Redis region has a Redis state".into()));
             };
-            ServerStore::RedisRegional(store, region, Arc::new(regions))
+            ServerStore::RedisRegional(region.store().clone(), region, Arc::new(regions))
         }
         (Some(redis), None) => ServerStore::Redis(
             RedisStore::new(redis.clone()).map_err(|e| ServeError::Config(format!("--store {}: {e}", redis.target)))?,

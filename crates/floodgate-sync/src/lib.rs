@@ -20,6 +20,6 @@ mod server;
 mod stats;
 
 pub use link::{LinkConfig, Peer, PeerError, check_peers, run_links};
-pub use region::{Outgoing, Region};
+pub use region::{Outgoing, next_encoded};
 pub use server::{PUSH, SERVICE, SyncServer};
 pub use stats::{PeerCounters, SyncStats};

@@ -16,7 +16,9 @@ use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::{Encoded, SyncAck, limits};
-use crate::region::Region;
+use floodgate_core::region::Region;
+
+use crate::region::next_encoded;
 use crate::server::PUSH;
 use crate::stats::SyncStats;
 
@@ -112,7 +114,7 @@ async fn link<R: Region + Clone>(
         }
         while calls.try_join_next().is_some() {}
         loop {
-            let Some(out) = region.next_encoded(p, clock.now_us()).await else { break };
+            let Some(out) = next_encoded(&region, p, clock.now_us()).await else { break };
             let idle = out.idle;
             let (region, ch, cfg, stats, peer) = (region.clone(), ch.clone(), cfg.clone(), stats.clone(), peer.clone());
             calls.spawn(async move {

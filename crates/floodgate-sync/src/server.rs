@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
+use floodgate_core::region::Region;
 use floodgate_core::{Clock, SystemClock};
 use prost::Message;
 use tonic::codegen::{Body, BoxFuture, StdError};
 use tonic::{Request, Response, Status};
 
 use crate::proto::{SyncAck, SyncBatch, limits};
-use crate::region::Region;
 use crate::stats::SyncStats;
 
 /// The service's full name.
@@ -73,7 +73,8 @@ impl<R: Region> Inner<R> {
         })?;
         let from = batch.from.clone();
         let peer = self.region.peers().iter().position(|p| *p == from);
-        let receipt = self.region.receive(batch, self.clock.now_us()).await.map_err(Status::unavailable)?;
+        let receipt =
+            self.region.receive(batch, self.clock.now_us()).await.map_err(|e| Status::unavailable(e.to_string()))?;
         match peer {
             Some(p) => {
                 let c = self.stats.peer(p);

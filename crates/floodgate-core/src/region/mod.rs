@@ -7,21 +7,28 @@
 //! (counter key, slot, region, incarnation): a region writes only its own,
 //! peers' arrive in batches and merge by maximum, so duplicated, reordered
 //! or replayed messages change nothing. Decisions read the sum.
+//!
+//! Each region keeps every peer in step with one engine ([`link`]); what a
+//! kind of region supplies is its storage: [`GlobalTable`] in memory, or a
+//! Redis region (`floodgate_redis::RedisRegion`). A transport moves batches
+//! between [`Region`]s.
 
 mod entry;
 pub mod goals;
 mod lazy;
+pub mod link;
 mod scope;
 pub mod sim;
 mod table;
 #[cfg(test)]
 mod tests;
+mod transport;
 mod wire;
 
 pub use entry::{fingerprint, shape_of};
 pub use lazy::{Lazy, can_wait};
+pub use link::{LinkStats, Links, MAX_PEERS, RegionConfig, RegionConfigError};
 pub use scope::{MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
-pub use table::{
-    BatchHead, BatchSink, GlobalTable, LinkStats, MAX_PEERS, Receipt, RegionConfig, TableStats, is_global,
-};
+pub use table::{GlobalTable, TableStats, is_global};
+pub use transport::{BatchHead, BatchSink, Receipt, Region};
 pub use wire::{Ack, Batch, Component, Item, Shape};

@@ -1,114 +1,22 @@
-//! [`GlobalTable`]: a memory-store region's `scope: global` state, and the
-//! sync engine that keeps its peers in step — what to send each peer, what
-//! they acknowledged, what a restarted peer must be sent again. Pure: no
+//! [`GlobalTable`]: a memory-store region's `scope: global` state — its
+//! decisions, the merges of what peers send, and the storage side of the
+//! sync engine ([`super::link`]): a key is marked queued for a peer by a bit
+//! on its entry, and a batch is read straight from the entries. Pure: no
 //! clock reads, no I/O; a transport (gRPC between services, or the
 //! simulator's network) moves the [`Batch`]es and [`Ack`]s.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::region::entry::{Caps, Entry, Send, shape_of};
-use crate::region::wire::{Ack, Batch, Component, Item, Shape};
-use crate::region::{Lazy, Scope, SyncMode};
+use crate::region::link::{Requeue, Take};
+use crate::region::wire::{Ack, Batch, Component, Item};
+use crate::region::{
+    BatchHead, BatchSink, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, RegionConfigError, Scope, SyncMode,
+};
 use crate::store::OwnedKey;
 use crate::{Decision, Limit, StoreError};
-
-/// Most peer regions.
-pub const MAX_PEERS: usize = 63;
-
-/// How a region syncs its global limits.
-#[derive(Debug, Clone)]
-pub struct RegionConfig {
-    /// This region's name.
-    pub region: String,
-    /// The peer regions' names.
-    pub peers: Vec<String>,
-    /// This region's incarnation: new whenever its state was lost.
-    pub incarnation: u64,
-    /// Most keys in one batch (default 1 000).
-    pub batch_items: usize,
-    /// Most keys queued for one peer (default 1 048 576); beyond it a key
-    /// is dropped from the queue and counted, and once the queue drains the
-    /// peer gets a full state transfer, so nothing stays lost.
-    pub max_queue: usize,
-    /// Batches awaiting their acknowledgement per peer (default 8).
-    pub max_in_flight: usize,
-    /// The sync interval (µs): how often the transport asks for batches
-    /// (default 100 ms).
-    pub interval_us: u64,
-    /// A batch with no acknowledgement after `interval + 2 × the link's
-    /// round trip` is sent again; never later than this (µs, default 2 s).
-    pub ack_timeout_us: u64,
-    /// An idle link sends an empty batch this often (µs), so incarnations
-    /// and lag stay known (default 1 s).
-    pub heartbeat_us: u64,
-    /// The wait suggested to a request the slice denies (µs): about one sync
-    /// round trip (default 200 ms).
-    pub retry_hint_us: u64,
-    /// The longest a key far below its limit waits before it is sent (µs,
-    /// default 1 s: ten intervals). A key whose hits not yet sent reach
-    /// `remaining / (100 × regions)` is sent at the next batch.
-    pub lazy_us: u64,
-}
-
-impl RegionConfig {
-    /// Defaults for `region` with `peers`.
-    pub fn new(region: impl Into<String>, peers: Vec<String>, incarnation: u64) -> Self {
-        Self {
-            region: region.into(),
-            peers,
-            incarnation,
-            batch_items: 1_000,
-            max_queue: 1 << 20,
-            max_in_flight: 8,
-            interval_us: 100_000,
-            ack_timeout_us: 2_000_000,
-            heartbeat_us: 1_000_000,
-            retry_hint_us: 200_000,
-            lazy_us: 1_000_000,
-        }
-    }
-}
-
-/// Counters of one peer link, for metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LinkStats {
-    /// Batches sent.
-    pub batches_sent: u64,
-    /// Keys sent.
-    pub items_sent: u64,
-    /// Batches acknowledged.
-    pub acks: u64,
-    /// Batches that failed or were never acknowledged (sent again).
-    pub failures: u64,
-    /// Keys dropped from a full queue (each later resent in a full state
-    /// transfer).
-    pub dropped: u64,
-    /// Full state transfers started.
-    pub full_syncs: u64,
-    /// Batches received from this peer.
-    pub batches_received: u64,
-    /// Keys received from this peer.
-    pub items_received: u64,
-    /// When the last acknowledgement arrived (µs since the epoch; 0: never).
-    pub last_ack_us: u64,
-    /// When the last batch from this peer arrived (µs; 0: never).
-    pub last_received_us: u64,
-    /// Round trip of the last acknowledged batch (µs).
-    pub rtt_us: u64,
-    /// Smoothed round trip (µs; 0 until the first acknowledgement).
-    pub srtt_us: u64,
-    /// Keys waiting to be sent.
-    pub queued: u64,
-    /// Batches awaiting acknowledgement.
-    pub in_flight: u64,
-    /// The peer's incarnation as last heard (0: never).
-    pub incarnation: u64,
-    /// Whether the peer has sent this region its full state (for this
-    /// region's incarnation).
-    pub complete: bool,
-}
 
 /// Counters of the whole table, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,58 +38,9 @@ pub struct TableStats {
     pub keys: u64,
 }
 
-/// What receiving a batch did, for the transport's log and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Receipt {
-    /// The acknowledgement to send back.
-    pub ack: Ack,
-    /// The sender is not among this region's peers (merged anyway).
-    pub unknown_sender: bool,
-    /// The sender's incarnation changed since its last batch.
-    pub sender_restarted: bool,
-    /// The first key whose sender's limit differs from this region's, with
-    /// how many did in this batch.
-    pub mismatch: Option<(String, u64)>,
-}
-
 struct Names {
     list: Vec<Arc<str>>,
     index: HashMap<Arc<str>, u16>,
-}
-
-struct InFlight {
-    seq: u64,
-    sent_us: u64,
-    /// The keys sent (sent again if the batch is lost).
-    keys: Vec<OwnedKey>,
-    /// Bounded keys' own counts sent, `(key, slot, count)`: what an
-    /// acknowledgement confirms.
-    acked: Vec<(OwnedKey, u64, u64)>,
-    full: bool,
-    complete: bool,
-}
-
-struct Full {
-    keys: VecDeque<OwnedKey>,
-    for_incarnation: u64,
-    complete_sent: bool,
-}
-
-struct Link {
-    name: Arc<str>,
-    queue: VecDeque<OwnedKey>,
-    overflowed: bool,
-    full: Option<Full>,
-    known_incarnation: Option<u64>,
-    seq: u64,
-    in_flight: Vec<InFlight>,
-    last_sent_us: u64,
-    /// The peer's incarnation in its last batch to us.
-    sender_incarnation: Option<u64>,
-    /// A batch to it failed since its last acknowledgement.
-    failing: bool,
-    complete_from: bool,
-    stats: LinkStats,
 }
 
 /// Keys are held inline where short (`OwnedKey`), in the map and in every
@@ -200,10 +59,9 @@ pub struct GlobalTable {
     names: RwLock<Names>,
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
-    links: Box<[Mutex<Link>]>,
+    links: Links<VecDeque<OwnedKey>, Vec<(OwnedKey, u64, u64)>>,
     /// Keys whose own hits wait for the lazy period, and failing links.
     lazy: Lazy<OwnedKey>,
-    warming: AtomicBool,
     /// The limits entries share (see [`GlobalTable::shared`]).
     limits: Mutex<std::collections::HashSet<Arc<Limit>>>,
     merges: AtomicU64,
@@ -231,55 +89,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl GlobalTable {
     /// A table for `cfg`; fails on a peer list that cannot work (this
     /// region among its peers, a peer twice, an empty name, too many).
-    pub fn new(cfg: RegionConfig) -> Result<Self, String> {
-        let bad_name =
-            |n: &str| n.is_empty() || n.len() > 64 || n.chars().any(|c| c.is_whitespace() || c == ',' || c == '=');
-        if bad_name(&cfg.region) {
-            return Err(format!("region name `{}`: use 1 to 64 characters without spaces, `,` or `=`", cfg.region));
-        }
-        if cfg.peers.len() > MAX_PEERS {
-            return Err(format!("{} peer regions: at most {MAX_PEERS}", cfg.peers.len()));
-        }
-        let mut list: Vec<Arc<str>> = vec![Arc::from(cfg.region.as_str())];
-        for p in &cfg.peers {
-            if bad_name(p) {
-                return Err(format!("peer region name `{p}`: use 1 to 64 characters without spaces, `,` or `=`"));
-            }
-            if list.iter().any(|n| &**n == p.as_str()) {
-                return Err(if *p == cfg.region {
-                    format!("region `{p}` is listed among its own peers: list only the other regions")
-                } else {
-                    format!("peer region `{p}` is listed twice")
-                });
-            }
-            list.push(Arc::from(p.as_str()));
-        }
+    pub fn new(cfg: RegionConfig) -> Result<Self, RegionConfigError> {
+        cfg.check()?;
+        let list: Vec<Arc<str>> =
+            std::iter::once(&cfg.region).chain(&cfg.peers).map(|n| Arc::from(n.as_str())).collect();
         let index = list.iter().enumerate().map(|(i, n)| (n.clone(), i as u16)).collect();
-        let links = list[1..]
-            .iter()
-            .map(|name| {
-                Mutex::new(Link {
-                    name: name.clone(),
-                    queue: VecDeque::new(),
-                    overflowed: false,
-                    full: None,
-                    known_incarnation: None,
-                    seq: 0,
-                    in_flight: Vec::new(),
-                    last_sent_us: 0,
-                    sender_incarnation: None,
-                    failing: false,
-                    complete_from: false,
-                    stats: LinkStats::default(),
-                })
-            })
-            .collect();
+        let links = Links::new(&cfg);
         let shards =
             (0..64).map(|_| Mutex::new(HashMap::with_hasher(foldhash::fast::RandomState::default()))).collect();
         Ok(Self {
             region: list[0].clone(),
             incarnation: cfg.incarnation,
-            warming: AtomicBool::new(!cfg.peers.is_empty()),
             names: RwLock::new(Names { list, index }),
             shards,
             hasher: foldhash::fast::RandomState::default(),
@@ -319,7 +139,7 @@ impl GlobalTable {
     /// Whether this region still waits for some peer's full state (then it
     /// admits only within its slice beyond what it knows).
     pub fn warming(&self) -> bool {
-        self.warming.load(Ordering::Acquire)
+        self.links.warming()
     }
 
     fn shard(&self, key: &[u8]) -> &Shard {
@@ -407,16 +227,9 @@ impl GlobalTable {
         entry.unsent = 0;
         entry.lazy = false;
         entry.queued |= missing;
-        for (p, link) in self.links.iter().enumerate() {
-            if missing & (1 << p) != 0 {
-                let mut link = lock(link);
-                if link.queue.len() >= self.cfg.max_queue {
-                    link.stats.dropped += 1;
-                    link.overflowed = true;
-                    entry.queued &= !(1 << p);
-                } else {
-                    link.queue.push_back(name.clone());
-                }
+        for p in 0..self.links.len() {
+            if missing & (1 << p) != 0 && !self.links.push(p, name.clone()) {
+                entry.queued &= !(1 << p);
             }
         }
     }
@@ -468,17 +281,10 @@ impl GlobalTable {
         };
         match sender.filter(|&i| i > 0) {
             Some(i) => {
-                let mut link = lock(&self.links[usize::from(i) - 1]);
-                receipt.sender_restarted = link.sender_incarnation.is_some_and(|inc| inc != batch.from_incarnation);
-                link.sender_incarnation = Some(batch.from_incarnation);
-                link.stats.batches_received += 1;
-                link.stats.items_received += batch.items.len() as u64;
-                link.stats.last_received_us = now;
-                if batch.complete && batch.to_incarnation == self.incarnation && !link.complete_from {
-                    link.complete_from = true;
-                    drop(link);
-                    let warming = self.links.iter().any(|l| !lock(l).complete_from);
-                    self.warming.store(warming, Ordering::Release);
+                let p = usize::from(i) - 1;
+                receipt.sender_restarted = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
+                if batch.complete && batch.to_incarnation == self.incarnation {
+                    self.links.set_complete(p, true);
                 }
             }
             None => {
@@ -567,84 +373,24 @@ impl GlobalTable {
     /// straight from the table. Returns the batch's other fields.
     pub fn next_batch_into(&self, p: usize, now: u64, sink: &mut impl BatchSink) -> Option<BatchHead> {
         self.flush_lazy(now);
-        let expired = {
-            let mut link = lock(&self.links[p]);
-            // Unacknowledged after an interval and twice the round trip: lost
-            // (retransmitted, harmlessly if it was only slow).
-            let srtt = if link.stats.srtt_us == 0 { self.cfg.ack_timeout_us } else { link.stats.srtt_us };
-            let timeout = (self.cfg.interval_us + 2 * srtt).min(self.cfg.ack_timeout_us);
-            let (gone, kept): (Vec<InFlight>, Vec<InFlight>) =
-                std::mem::take(&mut link.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
-            link.in_flight = kept;
-            link.stats.failures += gone.len() as u64;
-            let started = !gone.is_empty() && !link.failing;
-            link.failing |= !gone.is_empty();
-            (gone, started)
-        };
-        let (expired, started) = expired;
-        if started {
-            self.link_failing(true);
-        }
-        for f in expired {
-            self.requeue(p, f);
-        }
-        let (keys, full, complete, seq, to_incarnation) = {
-            let mut link = lock(&self.links[p]);
-            if link.in_flight.len() >= self.cfg.max_in_flight.max(1) {
-                return None;
-            }
-            if link.overflowed && link.queue.is_empty() && link.full.is_none() {
+        let expired = self.links.expire(p, now);
+        self.requeue(p, expired);
+        let plan = loop {
+            match self.links.take(p, now) {
+                Take::Wait => return None,
                 // Keys were dropped from a full queue: send everything.
-                link.overflowed = false;
-                let inc = link.known_incarnation.unwrap_or(0);
-                drop(link);
-                self.start_full(p, inc);
-                link = lock(&self.links[p]);
+                Take::List(incarnation) => self.start_full(p, incarnation),
+                Take::Batch(plan) => break plan,
             }
-            let n = self.cfg.batch_items.max(1);
-            let mut keys = Vec::new();
-            let mut full = false;
-            let mut complete = false;
-            let full_in_flight = link.in_flight.iter().any(|f| f.full || f.complete);
-            if let Some(f) = &mut link.full {
-                while keys.len() < n {
-                    match f.keys.pop_front() {
-                        Some(k) => keys.push(k),
-                        None => break,
-                    }
-                }
-                full = !keys.is_empty();
-                if keys.is_empty() && !full_in_flight && !f.complete_sent {
-                    f.complete_sent = true;
-                    complete = true;
-                }
-            }
-            if !full {
-                while keys.len() < n {
-                    match link.queue.pop_front() {
-                        Some(k) => keys.push(k),
-                        None => break,
-                    }
-                }
-            }
-            // Idle: a heartbeat now and then, and at once to a peer not yet
-            // heard from (its incarnation starts the state transfer).
-            let first_contact = link.known_incarnation.is_none() && link.in_flight.is_empty();
-            let heartbeat_due = now.saturating_sub(link.last_sent_us) >= self.cfg.heartbeat_us;
-            if keys.is_empty() && !complete && !first_contact && !heartbeat_due {
-                return None;
-            }
-            link.seq += 1;
-            link.last_sent_us = now;
-            (keys, full, complete, link.seq, link.known_incarnation.unwrap_or(0))
         };
+        let full = plan.full;
         let mut items = 0u64;
         let mut components: Vec<Component> = Vec::new();
         let mut sent = Vec::new();
         // Components name their region by its index here (0: this one).
         let regions: Vec<String> =
             self.names.read().unwrap_or_else(PoisonError::into_inner).list.iter().map(|n| n.to_string()).collect();
-        for key in &keys {
+        for key in &plan.keys {
             let mut shard = lock(self.shard(key.as_bytes()));
             let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
             if !full {
@@ -694,19 +440,17 @@ impl GlobalTable {
             sink.item(key.as_str(), rule.fingerprint, shape, &components);
             items += 1;
         }
-        let mut link = lock(&self.links[p]);
-        link.stats.batches_sent += 1;
-        link.stats.items_sent += items;
-        link.in_flight.push(InFlight { seq, sent_us: now, keys, acked: sent, full, complete });
-        Some(BatchHead {
+        let head = BatchHead {
             from: self.region.to_string(),
             regions,
             from_incarnation: self.incarnation,
-            to_incarnation,
-            seq,
+            to_incarnation: plan.to_incarnation,
+            seq: plan.seq,
             items,
-            complete,
-        })
+            complete: plan.complete,
+        };
+        self.links.sent(p, plan, sent, items, now);
+        Some(head)
     }
 
     /// Queue the keys whose lazy period is over.
@@ -726,40 +470,23 @@ impl GlobalTable {
         }
     }
 
-    /// A batch failed or went unacknowledged: its keys go out again.
-    fn requeue(&self, p: usize, f: InFlight) {
-        if f.complete {
-            let mut link = lock(&self.links[p]);
-            if let Some(full) = &mut link.full {
-                full.complete_sent = false;
-            }
-            return;
+    /// Batches failed or went unacknowledged: their keys go out again (the
+    /// lazy ones at once if the link started failing).
+    fn requeue(&self, p: usize, lost: Requeue<OwnedKey>) {
+        if lost.started_failing {
+            self.link_failing(true);
         }
-        if f.full {
-            let mut link = lock(&self.links[p]);
-            if let Some(full) = &mut link.full {
-                for k in f.keys.into_iter().rev() {
-                    full.keys.push_front(k);
-                }
-            }
-            return;
-        }
-        for key in f.keys {
+        for key in lost.keys {
             let mut shard = lock(self.shard(key.as_bytes()));
             let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
             if entry.queued & (1 << p) == 0 {
                 entry.queued |= 1 << p;
                 drop(shard);
-                let mut link = lock(&self.links[p]);
-                if link.queue.len() >= self.cfg.max_queue {
-                    link.stats.dropped += 1;
-                    link.overflowed = true;
-                    drop(link);
-                    if let Some(e) = lock(self.shard(key.as_bytes())).get_mut(key.as_bytes()) {
-                        e.queued &= !(1 << p);
-                    }
-                } else {
-                    link.queue.push_back(key);
+                let name = key.clone();
+                if !self.links.push(p, key)
+                    && let Some(e) = lock(self.shard(name.as_bytes())).get_mut(name.as_bytes())
+                {
+                    e.queued &= !(1 << p);
                 }
             }
         }
@@ -768,18 +495,7 @@ impl GlobalTable {
     /// The transport could not deliver batch `seq` to peer `p`: its keys go
     /// out again.
     pub fn on_failure(&self, p: usize, seq: u64) {
-        let f = {
-            let mut link = lock(&self.links[p]);
-            let Some(i) = link.in_flight.iter().position(|f| f.seq == seq) else { return };
-            link.stats.failures += 1;
-            let started = !std::mem::replace(&mut link.failing, true);
-            (link.in_flight.swap_remove(i), started)
-        };
-        let (f, started) = f;
-        if started {
-            self.link_failing(true);
-        }
-        self.requeue(p, f);
+        self.requeue(p, self.links.on_failure(p, seq));
     }
 
     /// A link started (`true`) or stopped failing. While any link fails,
@@ -793,43 +509,17 @@ impl GlobalTable {
     /// peer (it restarted with its state lost, or this is the first word
     /// from it) starts a full state transfer to it.
     pub fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let (done, restart, recovered) = {
-            let mut link = lock(&self.links[p]);
-            link.stats.last_ack_us = now;
-            let recovered = std::mem::take(&mut link.failing);
-            let restart = link.known_incarnation != Some(ack.incarnation);
-            link.known_incarnation = Some(ack.incarnation);
-            let done = match link.in_flight.iter().position(|f| f.seq == ack.seq) {
-                Some(i) => {
-                    let f = link.in_flight.swap_remove(i);
-                    link.stats.acks += 1;
-                    let rtt = now.saturating_sub(f.sent_us);
-                    link.stats.rtt_us = rtt;
-                    link.stats.srtt_us = if link.stats.srtt_us == 0 { rtt } else { (7 * link.stats.srtt_us + rtt) / 8 };
-                    if f.complete
-                        && let Some(full) = &link.full
-                        && full.for_incarnation == ack.incarnation
-                    {
-                        link.full = None;
-                    }
-                    Some(f)
-                }
-                None => None,
-            };
-            (done, restart, recovered)
-        };
-        if recovered {
+        let acked = self.links.on_ack(p, ack, now);
+        if acked.recovered {
             self.link_failing(false);
         }
-        if let Some(f) = done {
-            for (key, slot, count) in f.acked {
-                if let Some(entry) = lock(self.shard(key.as_bytes())).get_mut(key.as_bytes()) {
-                    entry.acked(p, slot, count);
-                }
+        for (key, slot, count) in acked.confirmed.unwrap_or_default() {
+            if let Some(entry) = lock(self.shard(key.as_bytes())).get_mut(key.as_bytes()) {
+                entry.acked(p, slot, count);
             }
         }
-        if restart {
-            self.start_full(p, ack.incarnation);
+        if let Some(incarnation) = acked.restarted {
+            self.start_full(p, incarnation);
         }
     }
 
@@ -839,9 +529,7 @@ impl GlobalTable {
         for shard in self.shards.iter() {
             keys.extend(lock(shard).keys().cloned());
         }
-        let mut link = lock(&self.links[p]);
-        link.stats.full_syncs += 1;
-        link.full = Some(Full { keys, for_incarnation: incarnation, complete_sent: false });
+        self.links.start_full(p, incarnation, keys);
     }
 
     /// Drop what no longer matters at `now`: slots past their horizon,
@@ -861,14 +549,7 @@ impl GlobalTable {
 
     /// The counters of the link to peer `p`.
     pub fn link_stats(&self, p: usize) -> LinkStats {
-        let link = lock(&self.links[p]);
-        let mut s = link.stats;
-        s.queued = link.queue.len() as u64 + link.full.as_ref().map_or(0, |f| f.keys.len() as u64);
-        s.in_flight = link.in_flight.len() as u64;
-        s.incarnation = link.known_incarnation.unwrap_or(0);
-        s.complete = link.complete_from;
-        let _ = &link.name;
-        s
+        self.links.stats(p)
     }
 
     /// The table's counters.
@@ -924,41 +605,46 @@ impl GlobalTable {
     }
 }
 
-/// Where [`GlobalTable::next_batch_into`] hands each key of a batch.
-pub trait BatchSink {
-    /// One key: its fingerprint, shape and components.
-    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]);
-}
-
-impl<F: FnMut(&str, u64, Shape, &[Component])> BatchSink for F {
-    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]) {
-        self(key, fingerprint, shape, components);
-    }
-}
-
-/// A batch's fields other than its keys (see [`Batch`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BatchHead {
-    /// The sending region.
-    pub from: String,
-    /// The region names components refer to by index.
-    pub regions: Vec<String>,
-    /// The sender's incarnation.
-    pub from_incarnation: u64,
-    /// The receiver's incarnation as the sender knows it.
-    pub to_incarnation: u64,
-    /// The batch's number on its link.
-    pub seq: u64,
-    /// Keys handed to the sink.
-    pub items: u64,
-    /// The full state transfer is complete with this batch.
-    pub complete: bool,
-}
-
 /// Whether a rule's scope sends it through a [`GlobalTable`].
 pub fn is_global(scope: Scope) -> Option<SyncMode> {
     match scope {
         Scope::Global(m) => Some(m),
         Scope::Region => None,
+    }
+}
+
+impl Region for GlobalTable {
+    fn name(&self) -> &str {
+        self.region()
+    }
+
+    fn peers(&self) -> &[String] {
+        GlobalTable::peers(self)
+    }
+
+    fn next_batch_into<S: BatchSink + std::marker::Send>(
+        &self,
+        peer: usize,
+        now_us: u64,
+        sink: &mut S,
+    ) -> impl Future<Output = Option<BatchHead>> + std::marker::Send {
+        std::future::ready(GlobalTable::next_batch_into(self, peer, now_us, sink))
+    }
+
+    fn on_ack(&self, peer: usize, ack: &Ack, now_us: u64) -> impl Future<Output = ()> + std::marker::Send {
+        GlobalTable::on_ack(self, peer, ack, now_us);
+        std::future::ready(())
+    }
+
+    fn on_failure(&self, peer: usize, seq: u64) {
+        GlobalTable::on_failure(self, peer, seq);
+    }
+
+    fn receive(
+        &self,
+        batch: Batch,
+        now_us: u64,
+    ) -> impl Future<Output = Result<Receipt, StoreError>> + std::marker::Send {
+        std::future::ready(Ok(GlobalTable::receive(self, &batch, now_us)))
     }
 }

@@ -189,7 +189,9 @@ fn a_lost_batch_is_sent_again_and_a_refused_peer_list_says_why() {
     assert_eq!(t[1].apply("k", &l, e, 0, 4 * S).unwrap().remaining, 10);
 
     let err = |peers: &[&str]| {
-        GlobalTable::new(RegionConfig::new("a", peers.iter().map(|p| (*p).to_owned()).collect(), 1)).unwrap_err()
+        GlobalTable::new(RegionConfig::new("a", peers.iter().map(|p| (*p).to_owned()).collect(), 1))
+            .unwrap_err()
+            .to_string()
     };
     assert!(err(&["a"]).contains("its own peers"));
     assert!(err(&["b", "b"]).contains("twice"));

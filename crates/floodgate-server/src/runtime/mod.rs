@@ -7,7 +7,6 @@ pub mod dashboard;
 pub mod listen;
 pub mod metrics;
 pub mod overload;
-pub mod redis_region;
 pub mod regions;
 pub mod state;
 pub mod store;

@@ -12,12 +12,11 @@ use std::time::Duration;
 use floodgate_core::region::{GlobalTable, LinkStats, RegionConfig, Scope, SyncMode, min_capacity, shape_of, slice};
 use floodgate_core::rules::{ConfigError, Rule, RuleSet};
 use floodgate_core::{Algorithm, Clock, SystemClock};
-use floodgate_redis::RedisStore;
+use floodgate_redis::{RedisConfig, RedisRegion};
 use floodgate_sync::{Peer, SyncStats};
 use serde_json::{Value, json};
 
 use crate::runtime::metrics::gauge;
-use crate::runtime::redis_region::RedisRegion;
 
 /// How this instance takes part in many regions.
 #[derive(Debug, Clone)]
@@ -92,32 +91,38 @@ fn incarnation() -> u64 {
 }
 
 impl Regions {
-    /// Set up the region; the error says what to change.
-    pub fn new(config: RegionsConfig) -> Result<Self, String> {
+    /// The engine's settings for `config`, checked (the peers' names and
+    /// addresses); the error says what to change.
+    fn settings(config: &RegionsConfig) -> Result<RegionConfig, String> {
         let names: Vec<String> = config.peers.iter().map(|p| p.name.clone()).collect();
         let mut cfg = RegionConfig::new(config.region.clone(), names, incarnation());
         cfg.interval_us = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
         cfg.retry_hint_us = 2 * cfg.interval_us;
         cfg.lazy_us = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
         cfg.ack_timeout_us = cfg.ack_timeout_us.max(2 * u64::try_from(config.timeout.as_micros()).unwrap_or(0));
-        let table = GlobalTable::new(cfg).map_err(|e| format!("--region/--peers: {e}"))?;
+        cfg.check().map_err(|e| format!("--region/--peers: {e}"))?;
         let link = floodgate_sync::LinkConfig {
             interval: config.interval,
             timeout: config.timeout,
             token: config.token.clone(),
         };
         floodgate_sync::check_peers(&config.peers, &link).map_err(|e| format!("--peers: {e}"))?;
+        Ok(cfg)
+    }
+
+    /// A memory-store region (this instance alone is the region).
+    pub fn new(config: RegionsConfig) -> Result<Self, String> {
+        let table = GlobalTable::new(Self::settings(&config)?).map_err(|e| format!("--region/--peers: {e}"))?;
         let stats = Arc::new(SyncStats::new(config.peers.len()));
         Ok(Self { config, state: RegionState::Memory(Arc::new(table)), stats })
     }
 
-    /// A Redis region over `store` (every instance on it is the region).
-    pub fn redis(config: RegionsConfig, store: RedisStore) -> Result<Self, String> {
-        Self::new(config.clone())?;
-        let names: Vec<String> = config.peers.iter().map(|p| p.name.clone()).collect();
-        let interval = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
-        let lazy = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
-        let region = RedisRegion::new(config.region.clone(), names, store, interval, 2 * interval, lazy);
+    /// A Redis region over the Redis of `redis` (every instance on it is
+    /// the region); its store is [`RedisRegion::store`].
+    pub fn redis(config: RegionsConfig, redis: RedisConfig) -> Result<Self, String> {
+        let mut cfg = Self::settings(&config)?;
+        cfg.batch_items = floodgate_redis::region::BATCH_ITEMS;
+        let region = RedisRegion::new(&cfg, redis.clone()).map_err(|e| format!("--store {}: {e}", redis.target))?;
         let stats = Arc::new(SyncStats::new(config.peers.len()));
         Ok(Self { config, state: RegionState::Redis(Arc::new(region)), stats })
     }

@@ -6,11 +6,10 @@
 use std::sync::Arc;
 
 use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
-use floodgate_redis::RedisStore;
+use floodgate_redis::{RedisRegion, RedisStore};
 
 use crate::Backend;
 use crate::runtime::metrics::gauge;
-use crate::runtime::redis_region::RedisRegion;
 use crate::runtime::regions::Regions;
 use floodgate_core::region::{GlobalTable, Scope};
 

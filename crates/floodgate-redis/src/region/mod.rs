@@ -1,24 +1,35 @@
-//! A Redis region: every instance on one Redis (one server) is one region.
-//! The global limits' state is in Redis ([`floodgate_redis::region`]:
-//! decisions, merges, reads, acknowledgements, all in the one script); this
-//! is each instance's side of the sync: the keys it touched, queued per
-//! peer, batches read back from Redis, acknowledgements written to it. Every
-//! instance of the region pushes what it touched and receives what peers
-//! send (any instance may take a peer's batch: all write the same Redis), so
-//! a key several instances touched goes out several times; the maximum at
-//! the receiver makes that harmless.
+//! A Redis region: every instance on one Redis (one server or a cluster) is
+//! one region. Its global limits' state is in Redis ([`state`]: decisions,
+//! merges, reads, acknowledgements, all in the one script); a
+//! [`RedisRegion`] is each instance's side of the sync, on the engine every
+//! kind of region shares ([`floodgate_core::region::link`]): the keys it
+//! touched, queued per peer, batches read back from Redis, acknowledgements
+//! written to it. Every instance of the region pushes what it touched and
+//! receives what peers send (any instance may take a peer's batch: all
+//! write the same Redis), so a key several instances touched goes out
+//! several times; the maximum at the receiver makes that harmless.
 //!
 //! The region's incarnation and the peers' `complete` flags live in Redis
 //! (`<prefix>region:<name>`): a Redis that restarts empty is a new
 //! incarnation, seen by every instance within a sync interval.
 
+mod state;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floodgate_core::region::{Ack, Batch, Item, Lazy, LinkStats, Receipt, SyncMode, TableStats, can_wait, fingerprint};
-use floodgate_core::{Clock, Limit, SystemClock};
-use floodgate_redis::{RedisStore, RegionCtx};
+use floodgate_core::region::link::{KeyQueue, Requeue, Take};
+use floodgate_core::region::{
+    Ack, Batch, BatchHead, BatchSink, Item, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, SyncMode,
+    TableStats, can_wait, fingerprint,
+};
+use floodgate_core::{Clock, Limit, StoreError, SystemClock};
+
+pub use state::MergeStats;
+
+use crate::global::RegionCtx;
+use crate::{RedisConfig, RedisStore};
 
 /// The maps of keys (client-chosen): foldhash, randomly seeded against hash
 /// flooding, as the memory store's and the memory region's tables.
@@ -29,12 +40,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Keys per batch.
-const BATCH_ITEMS: usize = 100;
-/// Batches awaiting acknowledgement per peer.
-const MAX_IN_FLIGHT: usize = 8;
-/// Keys queued per peer at most (then dropped, counted, and healed by a
-/// full state transfer).
-const MAX_QUEUE: usize = 1 << 20;
+pub const BATCH_ITEMS: usize = 100;
 /// Items read for another peer's batch that a peer takes as its own, at
 /// most (beyond, it reads its keys itself).
 const MAX_SHARED: usize = 4 * BATCH_ITEMS;
@@ -68,43 +74,81 @@ impl Tag {
     }
 }
 
-struct InFlight {
-    seq: u64,
-    sent_us: u64,
-    /// The keys sent, each with its tag.
-    keys: Vec<(String, Tag)>,
-    acked: Vec<(String, Vec<(u64, u64)>)>,
-    full: bool,
-    complete: bool,
+/// A key owed to a peer: to be read from Redis, or read already.
+#[derive(Debug)]
+enum Owed {
+    /// A key to read.
+    Key(String, Tag),
+    /// An item another peer's batch read from Redis after this peer's queue
+    /// had its key: as new as a read of its own would be, so it goes out
+    /// without one (every peer's queue has about the same keys, and reading
+    /// is what a Redis region's sync costs).
+    Read(Item, Tag),
 }
 
-struct Full {
-    keys: VecDeque<String>,
-    for_incarnation: u64,
-    complete_sent: bool,
-}
-
+/// One peer's queue: keys in order, each once (its tag in `queued`), and
+/// the items read for another peer.
 #[derive(Default)]
-struct Link {
+struct Queue {
     /// Keys to send, oldest first; one not in `queued` (taken since by
-    /// another peer's read, see `shared`) is skipped.
-    queue: VecDeque<String>,
-    /// The keys in `queue`, each with its tag.
+    /// another peer's read) is skipped.
+    order: VecDeque<String>,
+    /// The keys in `order`, each with its tag.
     queued: KeyMap<Tag>,
-    /// Items another peer's batch read from Redis after this peer's queue
-    /// had their keys: as new as a read of its own would be, so they go
-    /// out without one (every peer's queue has about the same keys, and
-    /// reading is what a Redis region's sync costs).
     shared: VecDeque<(Item, Tag)>,
-    overflowed: bool,
-    full: Option<Full>,
-    known_incarnation: Option<u64>,
-    in_flight: Vec<InFlight>,
-    last_sent_us: u64,
-    sender_incarnation: Option<u64>,
-    failing: bool,
-    stats: LinkStats,
 }
+
+impl Queue {
+    /// Fold `key` into the same key queued already (`None`), or make what
+    /// to queue.
+    fn absorb(&mut self, key: &str, tag: Tag) -> Option<Owed> {
+        match self.queued.get_mut(key) {
+            Some(t) => {
+                t.join(tag);
+                None
+            }
+            None => Some(Owed::Key(key.to_owned(), tag)),
+        }
+    }
+}
+
+impl KeyQueue for Queue {
+    type Key = Owed;
+
+    fn len(&self) -> usize {
+        self.queued.len() + self.shared.len()
+    }
+
+    fn size(&self) -> usize {
+        self.order.len()
+    }
+
+    fn push_back(&mut self, key: Owed) {
+        match key {
+            Owed::Key(k, tag) => {
+                self.queued.insert(k.clone(), tag);
+                self.order.push_back(k);
+            }
+            Owed::Read(item, tag) => self.shared.push_back((item, tag)),
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Owed> {
+        if let Some((item, tag)) = self.shared.pop_front() {
+            return Some(Owed::Read(item, tag));
+        }
+        while let Some(k) = self.order.pop_front() {
+            if let Some(tag) = self.queued.remove(&k) {
+                return Some(Owed::Key(k, tag));
+            }
+        }
+        None
+    }
+}
+
+/// What a bounded key's acknowledgement confirms: this region's own counts
+/// as sent, `(counter key, [(slot, count)])`.
+type Confirms = Vec<(String, Vec<(u64, u64)>)>;
 
 /// An instance's side of a Redis region's sync.
 pub struct RedisRegion {
@@ -113,11 +157,7 @@ pub struct RedisRegion {
     store: RedisStore,
     /// The region's incarnation, from Redis (0 until read).
     incarnation: AtomicU64,
-    warming: Arc<AtomicBool>,
-    /// Per peer: whether its full state for this incarnation is in Redis.
-    complete: Box<[AtomicBool]>,
-    links: Box<[Mutex<Link>]>,
-    seq: AtomicU64,
+    links: Links<Queue, Confirms>,
     /// Per key of an eventual limit waiting in `lazy`: own hits not yet
     /// queued, and its rule's fingerprint.
     pending: Mutex<KeyMap<(u64, u64)>>,
@@ -128,7 +168,6 @@ pub struct RedisRegion {
     /// Keys waiting to be queued, and failing links.
     lazy: Lazy<String>,
     interval_us: u64,
-    ack_timeout_us: u64,
     last_state_us: AtomicU64,
     /// What this instance's merges did (`keys` stays 0: they are in Redis).
     merges: Mutex<TableStats>,
@@ -144,39 +183,38 @@ impl std::fmt::Debug for RedisRegion {
 }
 
 impl RedisRegion {
-    /// This instance's side of region `name` with `peers`, over `store`
-    /// (made a region's store here); a key far below its limit waits up to
-    /// `lazy_us` before it is sent.
-    pub fn new(
-        name: String,
-        peers: Vec<String>,
-        store: RedisStore,
-        interval_us: u64,
-        retry_us: u64,
-        lazy_us: u64,
-    ) -> Self {
-        let warming = Arc::new(AtomicBool::new(!peers.is_empty()));
-        store.set_region(RegionCtx { regions: peers.len() + 1, warming: warming.clone(), retry_us });
-        Self {
-            links: peers.iter().map(|_| Mutex::new(Link::default())).collect(),
-            complete: peers.iter().map(|_| AtomicBool::new(false)).collect(),
-            name,
-            peers,
-            store,
+    /// This instance's side of region `cfg.region` with `cfg.peers`, over
+    /// the Redis of `redis` (its store built here, as a region's: see
+    /// [`RedisRegion::store`]). `cfg.incarnation` is not used: a Redis
+    /// region's incarnation is in Redis.
+    pub fn new(cfg: &RegionConfig, redis: RedisConfig) -> Result<Self, redis::RedisError> {
+        let links = Links::new(cfg);
+        let ctx = RegionCtx {
+            regions: cfg.peers.len() + 1,
+            warming: links.warming_flag().clone(),
+            retry_us: cfg.retry_hint_us,
+        };
+        Ok(Self {
+            name: cfg.region.clone(),
+            peers: cfg.peers.clone(),
+            store: RedisStore::regional(redis, ctx)?,
             incarnation: AtomicU64::new(0),
-            warming,
-            seq: AtomicU64::new(0),
+            links,
             pending: Mutex::new(KeyMap::default()),
             rules: Mutex::new(HashMap::new()),
             last_rule: AtomicU64::new(0),
-            lazy: Lazy::new(lazy_us),
-            interval_us,
-            ack_timeout_us: 2_000_000,
+            lazy: Lazy::new(cfg.lazy_us),
+            interval_us: cfg.interval_us,
             last_state_us: AtomicU64::new(0),
             merges: Mutex::new(TableStats::default()),
             listing_failed: AtomicBool::new(false),
             clock: SystemClock::new(),
-        }
+        })
+    }
+
+    /// The region's store: decisions go through it.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
     }
 
     fn state_key(&self) -> String {
@@ -207,13 +245,10 @@ impl RedisRegion {
         if old != 0 && old != inc {
             tracing::warn!(region = %self.name, "Redis lost the region's state (a new incarnation): waiting for every peer's full state");
         }
-        let mut warming = false;
-        for (p, done) in self.peers.iter().zip(self.complete.iter()) {
-            let c = map.get(&format!("c:{p}")).and_then(|v| v.parse::<u64>().ok()) == Some(inc);
-            done.store(c, Ordering::Release);
-            warming |= !c;
+        for (p, peer) in self.peers.iter().enumerate() {
+            let complete = map.get(&format!("c:{peer}")).and_then(|v| v.parse::<u64>().ok()) == Some(inc);
+            self.links.set_complete(p, complete);
         }
-        self.warming.store(warming, Ordering::Release);
     }
 
     /// After a global decision under `limit` admitted `hits` of `key`
@@ -223,7 +258,7 @@ impl RedisRegion {
     pub fn touched(&self, key: &str, limit: &Limit, mode: SyncMode, hits: u64, remaining: u64) {
         let rule = self.rule(limit, mode);
         let bounded = matches!(mode, SyncMode::Bounded { .. });
-        if bounded || self.warming.load(Ordering::Acquire) || self.lazy.eager() {
+        if bounded || self.links.warming() || self.lazy.eager() {
             lock(&self.pending).remove(key);
             self.queue(key, Tag { bounded, rule });
             return;
@@ -265,20 +300,10 @@ impl RedisRegion {
         fp
     }
 
+    /// Queue `key` for every peer.
     fn queue(&self, key: &str, tag: Tag) {
-        for link in self.links.iter() {
-            let mut l = lock(link);
-            if let Some(t) = l.queued.get_mut(key) {
-                t.join(tag);
-                continue;
-            }
-            if l.queue.len() >= MAX_QUEUE {
-                l.stats.dropped += 1;
-                l.overflowed = true;
-                continue;
-            }
-            l.queued.insert(key.to_owned(), tag);
-            l.queue.push_back(key.to_owned());
+        for p in 0..self.links.len() {
+            self.links.push_with(p, |q| q.absorb(key, tag));
         }
     }
 
@@ -291,6 +316,30 @@ impl RedisRegion {
                 self.queue(&k, Tag { bounded: false, rule });
             }
         }
+    }
+
+    /// Queue `keys` again for peer `p` (a read item as its key).
+    fn requeue_keys(&self, p: usize, keys: Vec<Owed>) {
+        for owed in keys {
+            let (key, tag) = match owed {
+                Owed::Key(k, tag) => (k, tag),
+                Owed::Read(item, tag) => (item.key, tag),
+            };
+            self.links.push_with(p, |q| q.absorb(&key, tag));
+        }
+    }
+
+    /// Batches to peer `p` were lost: their keys go out again (the lazy
+    /// ones at once if the link started failing).
+    fn requeue(&self, p: usize, lost: Requeue<Owed>) {
+        if lost.started_failing {
+            self.link_failing(true);
+        }
+        self.requeue_keys(p, lost.keys);
+    }
+
+    fn link_failing(&self, started: bool) {
+        self.queue_lazy(self.lazy.link_failing(started));
     }
 
     /// Every key of the region's global limits in Redis (for a full state
@@ -324,48 +373,18 @@ impl RedisRegion {
         Some(keys)
     }
 
-    /// Start a full state transfer to peer `p` (incarnation `incarnation`),
-    /// or when Redis cannot list the keys now, on a later batch.
-    async fn full_state(&self, p: usize, incarnation: u64) {
+    /// Start a full state transfer to peer `p` (incarnation `incarnation`);
+    /// when Redis cannot list the keys now, the engine asks again later.
+    async fn full_state(&self, p: usize, incarnation: u64) -> bool {
         match self.all_keys().await {
-            Some(keys) => self.start_full(p, incarnation, keys),
-            None => lock(&self.links[p]).overflowed = true,
-        }
-    }
-
-    fn start_full(&self, p: usize, incarnation: u64, keys: Vec<String>) {
-        let mut l = lock(&self.links[p]);
-        l.stats.full_syncs += 1;
-        l.full = Some(Full { keys: keys.into(), for_incarnation: incarnation, complete_sent: false });
-    }
-
-    fn link_failing(&self, started: bool) {
-        self.queue_lazy(self.lazy.link_failing(started));
-    }
-
-    fn requeue(&self, p: usize, f: InFlight) {
-        let mut l = lock(&self.links[p]);
-        if f.complete {
-            if let Some(full) = &mut l.full {
-                full.complete_sent = false;
+            Some(keys) => {
+                let keys = keys.into_iter().map(|k| Owed::Key(k, Tag::default()));
+                self.links.start_full(p, incarnation, keys);
+                true
             }
-            return;
-        }
-        if f.full {
-            if let Some(full) = &mut l.full {
-                for (k, _) in f.keys.into_iter().rev() {
-                    full.keys.push_front(k);
-                }
-            }
-            return;
-        }
-        for (k, tag) in f.keys {
-            match l.queued.get_mut(&k) {
-                Some(t) => t.join(tag),
-                None => {
-                    l.queued.insert(k.clone(), tag);
-                    l.queue.push_back(k);
-                }
+            None => {
+                self.links.list_failed(p);
+                false
             }
         }
     }
@@ -375,16 +394,17 @@ impl RedisRegion {
     /// own): per peer, the keys taken and their tags there.
     fn take_for_others(&self, p: usize, keys: &[(String, Tag)]) -> Vec<(usize, Vec<(String, Tag)>)> {
         let mut taken = Vec::new();
-        for (q, link) in self.links.iter().enumerate() {
-            if q == p {
+        for q in (0..self.links.len()).filter(|&q| q != p) {
+            let mut link = self.links.lock(q);
+            if link.failing() {
                 continue;
             }
-            let mut l = lock(link);
-            if l.failing || l.shared.len() >= MAX_SHARED || l.queued.is_empty() {
+            let queue = link.queue_mut();
+            if queue.shared.len() >= MAX_SHARED || queue.queued.is_empty() {
                 continue;
             }
             let ks: Vec<(String, Tag)> =
-                keys.iter().filter_map(|(k, _)| l.queued.remove(k).map(|b| (k.clone(), b))).collect();
+                keys.iter().filter_map(|(k, _)| queue.queued.remove(k).map(|b| (k.clone(), b))).collect();
             if !ks.is_empty() {
                 taken.push((q, ks));
             }
@@ -394,13 +414,7 @@ impl RedisRegion {
 
     /// The counters of the link to peer `p`.
     pub fn link_stats(&self, p: usize) -> LinkStats {
-        let l = lock(&self.links[p]);
-        let mut s = l.stats;
-        s.queued = (l.queued.len() + l.shared.len()) as u64 + l.full.as_ref().map_or(0, |f| f.keys.len() as u64);
-        s.in_flight = l.in_flight.len() as u64;
-        s.incarnation = l.known_incarnation.unwrap_or(0);
-        s.complete = self.complete[p].load(Ordering::Acquire);
-        s
+        self.links.stats(p)
     }
 
     /// What this instance's merges of peers' batches did.
@@ -410,21 +424,16 @@ impl RedisRegion {
 
     /// Whether the region waits for a peer's full state.
     pub fn warming(&self) -> bool {
-        self.warming.load(Ordering::Acquire)
+        self.links.warming()
     }
 
     /// The region's incarnation (0 until read from Redis).
     pub fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)
     }
-
-    /// The peers, in link order.
-    pub fn peer_names(&self) -> &[String] {
-        &self.peers
-    }
 }
 
-impl floodgate_sync::Region for RedisRegion {
+impl Region for RedisRegion {
     fn name(&self) -> &str {
         &self.name
     }
@@ -433,90 +442,39 @@ impl floodgate_sync::Region for RedisRegion {
         &self.peers
     }
 
-    async fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
+    async fn next_batch_into<S: BatchSink + Send>(&self, p: usize, now: u64, sink: &mut S) -> Option<BatchHead> {
         self.refresh(now).await;
         self.queue_lazy(self.lazy.due(now));
         let incarnation = self.incarnation();
         if incarnation == 0 {
             return None;
         }
-        // Expired batches go out again.
-        let (expired, started) = {
-            let mut l = lock(&self.links[p]);
-            let srtt = if l.stats.srtt_us == 0 { self.ack_timeout_us } else { l.stats.srtt_us };
-            let timeout = (self.interval_us + 2 * srtt).min(self.ack_timeout_us);
-            let (gone, kept): (Vec<InFlight>, Vec<InFlight>) =
-                std::mem::take(&mut l.in_flight).into_iter().partition(|f| now.saturating_sub(f.sent_us) >= timeout);
-            l.in_flight = kept;
-            l.stats.failures += gone.len() as u64;
-            let started = !gone.is_empty() && !l.failing;
-            l.failing |= !gone.is_empty();
-            (gone, started)
+        let expired = self.links.expire(p, now);
+        self.requeue(p, expired);
+        let mut plan = loop {
+            match self.links.take(p, now) {
+                Take::Wait => return None,
+                // Keys were dropped from a full queue: send everything.
+                Take::List(inc) => {
+                    if !self.full_state(p, inc).await {
+                        return None;
+                    }
+                }
+                Take::Batch(plan) => break plan,
+            }
         };
-        if started {
-            self.link_failing(true);
+        let mut keys: Vec<(String, Tag)> = Vec::new();
+        let mut shared: Vec<(Item, Tag)> = Vec::new();
+        for owed in std::mem::take(&mut plan.keys) {
+            match owed {
+                Owed::Key(k, tag) => keys.push((k, tag)),
+                Owed::Read(item, tag) => shared.push((item, tag)),
+            }
         }
-        for f in expired {
-            self.requeue(p, f);
-        }
-        let overflowed = std::mem::take(&mut lock(&self.links[p]).overflowed);
-        if overflowed {
-            let inc = lock(&self.links[p]).known_incarnation.unwrap_or(0);
-            self.full_state(p, inc).await;
-        }
-        let (keys, shared, full, complete, to_incarnation) = {
-            let mut l = lock(&self.links[p]);
-            if l.in_flight.len() >= MAX_IN_FLIGHT {
-                return None;
-            }
-            let full_in_flight = l.in_flight.iter().any(|f| f.full || f.complete);
-            let mut keys = Vec::new();
-            let mut full = false;
-            let mut complete = false;
-            if let Some(f) = &mut l.full {
-                while keys.len() < BATCH_ITEMS {
-                    match f.keys.pop_front() {
-                        Some(k) => keys.push((k, Tag::default())),
-                        None => break,
-                    }
-                }
-                full = !keys.is_empty();
-                if keys.is_empty() && !full_in_flight && !f.complete_sent {
-                    f.complete_sent = true;
-                    complete = true;
-                }
-            }
-            let mut shared = Vec::new();
-            if !full {
-                while shared.len() < BATCH_ITEMS {
-                    match l.shared.pop_front() {
-                        Some(item) => shared.push(item),
-                        None => break,
-                    }
-                }
-                while keys.len() + shared.len() < BATCH_ITEMS {
-                    match l.queue.pop_front() {
-                        Some(k) => {
-                            if let Some(tag) = l.queued.remove(&k) {
-                                keys.push((k, tag));
-                            }
-                        }
-                        None => break,
-                    }
-                }
-            }
-            let first_contact = l.known_incarnation.is_none() && l.in_flight.is_empty();
-            let heartbeat = now.saturating_sub(l.last_sent_us) >= 1_000_000;
-            if keys.is_empty() && shared.is_empty() && !complete && !first_contact && !heartbeat {
-                return None;
-            }
-            l.last_sent_us = now;
-            (keys, shared, full, complete, l.known_incarnation.unwrap_or(0))
-        };
         // The other peers whose queues have these keys take them out now,
         // before the read: what this read returns is then new enough for
         // them, and a hit after it queues the key again.
-        let taken = if full { Vec::new() } else { self.take_for_others(p, &keys) };
+        let taken = if plan.full { Vec::new() } else { self.take_for_others(p, &keys) };
         let mut regions = vec![self.name.clone()];
         let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
         let read = if names.is_empty() {
@@ -528,41 +486,37 @@ impl floodgate_sync::Region for RedisRegion {
             };
             let rules: Vec<Option<(&Limit, SyncMode)>> =
                 known.iter().map(|r| r.as_deref().map(|(l, m)| (l, *m))).collect();
-            self.store.read_global(&names, &rules, full, incarnation, &mut regions, None).await
+            self.store.read_global(&names, &rules, plan.full, incarnation, &mut regions, None).await
         };
         let Ok(read) = read else {
             // Redis failing: the keys go out again later, to every peer.
-            let mut keys = keys;
-            keys.extend(shared.into_iter().map(|(item, b)| (item.key, b)));
-            let f = InFlight { seq: 0, sent_us: now, keys, acked: Vec::new(), full, complete };
-            self.requeue(p, f);
+            plan.keys = keys.into_iter().map(|(k, tag)| Owed::Key(k, tag)).collect();
+            plan.keys.extend(shared.into_iter().map(|(item, tag)| Owed::Read(item, tag)));
+            let back = self.links.abort(p, plan, Vec::new());
+            self.requeue_keys(p, back);
             for (q, ks) in taken {
-                let f = InFlight { seq: 0, sent_us: now, keys: ks, acked: Vec::new(), full: false, complete: false };
-                self.requeue(q, f);
+                self.requeue_keys(q, ks.into_iter().map(|(k, tag)| Owed::Key(k, tag)).collect());
             }
             return None;
         };
         if !taken.is_empty() {
             let at: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, (k, _))| (k.as_str(), i)).collect();
             for (q, ks) in taken {
-                let mut l = lock(&self.links[q]);
+                let mut link = self.links.lock(q);
                 for (k, b) in ks {
                     if let Some(item) = at.get(k.as_str()).and_then(|&i| read[i].as_ref()) {
-                        l.shared.push_back((item.clone(), b));
+                        link.queue_mut().shared.push_back((item.clone(), b));
                     }
                 }
             }
         }
-        let mut keys = keys;
         let mut items: Vec<Item> = read.into_iter().flatten().collect();
         for (item, b) in shared {
             keys.push((item.key.clone(), b));
             items.push(item);
         }
         let bounded: HashSet<&str> = keys.iter().filter(|(_, t)| t.bounded).map(|(k, _)| k.as_str()).collect();
-        // What a bounded key's acknowledgement will confirm: this region's
-        // own counts as sent.
-        let acked: Vec<(String, Vec<(u64, u64)>)> = items
+        let confirms: Confirms = items
             .iter()
             .filter(|item| bounded.contains(item.key.as_str()))
             .map(|item| {
@@ -570,76 +524,49 @@ impl floodgate_sync::Region for RedisRegion {
                 (item.key.clone(), own)
             })
             .collect();
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut l = lock(&self.links[p]);
-        l.stats.batches_sent += 1;
-        l.stats.items_sent += items.len() as u64;
-        l.in_flight.push(InFlight { seq, sent_us: now, keys, acked, full, complete });
-        Some(Batch {
+        for item in &items {
+            sink.item(&item.key, item.fingerprint, item.shape, &item.components);
+        }
+        plan.keys = keys.into_iter().map(|(k, tag)| Owed::Key(k, tag)).collect();
+        let head = BatchHead {
             from: self.name.clone(),
             regions,
             from_incarnation: incarnation,
-            to_incarnation,
-            seq,
-            items,
-            complete,
-        })
+            to_incarnation: plan.to_incarnation,
+            seq: plan.seq,
+            items: items.len() as u64,
+            complete: plan.complete,
+        };
+        self.links.sent(p, plan, confirms, items.len() as u64, now);
+        Some(head)
     }
 
     async fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let (done, restart, recovered) = {
-            let mut l = lock(&self.links[p]);
-            l.stats.last_ack_us = now;
-            let recovered = std::mem::take(&mut l.failing);
-            let restart = l.known_incarnation != Some(ack.incarnation);
-            l.known_incarnation = Some(ack.incarnation);
-            let done = l.in_flight.iter().position(|f| f.seq == ack.seq).map(|i| {
-                let f = l.in_flight.swap_remove(i);
-                l.stats.acks += 1;
-                let rtt = now.saturating_sub(f.sent_us);
-                l.stats.rtt_us = rtt;
-                l.stats.srtt_us = if l.stats.srtt_us == 0 { rtt } else { (7 * l.stats.srtt_us + rtt) / 8 };
-                if f.complete && l.full.as_ref().is_some_and(|full| full.for_incarnation == ack.incarnation) {
-                    l.full = None;
-                }
-                f
-            });
-            (done, restart, recovered)
-        };
-        if recovered {
+        let acked = self.links.on_ack(p, ack, now);
+        if acked.recovered {
             self.link_failing(false);
         }
-        if let Some(f) = done
-            && !f.acked.is_empty()
+        if let Some(confirmed) = acked.confirmed
+            && !confirmed.is_empty()
         {
-            let _ = self.store.ack_global(p, &f.acked, None).await;
+            let _ = self.store.ack_global(p, &confirmed, None).await;
         }
-        if restart {
-            self.full_state(p, ack.incarnation).await;
+        if let Some(incarnation) = acked.restarted {
+            self.full_state(p, incarnation).await;
         }
     }
 
     fn on_failure(&self, p: usize, seq: u64) {
-        let f = {
-            let mut l = lock(&self.links[p]);
-            let Some(i) = l.in_flight.iter().position(|f| f.seq == seq) else { return };
-            l.stats.failures += 1;
-            let started = !std::mem::replace(&mut l.failing, true);
-            (l.in_flight.swap_remove(i), started)
-        };
-        if f.1 {
-            self.link_failing(true);
-        }
-        self.requeue(p, f.0);
+        self.requeue(p, self.links.on_failure(p, seq));
     }
 
-    async fn receive(&self, batch: Batch, now: u64) -> Result<Receipt, String> {
+    async fn receive(&self, batch: Batch, now: u64) -> Result<Receipt, StoreError> {
         self.refresh(now).await;
         let incarnation = self.incarnation();
         if incarnation == 0 {
-            return Err("this region's Redis is not answering".into());
+            return Err(StoreError::Unavailable("this region's Redis is not answering".into()));
         }
-        let stats = self.store.merge(&batch, &self.name, incarnation, None).await.map_err(|e| e.to_string())?;
+        let stats = self.store.merge(&batch, &self.name, incarnation, None).await?;
         {
             let mut t = lock(&self.merges);
             t.merges += stats.merged;
@@ -652,12 +579,7 @@ impl floodgate_sync::Region for RedisRegion {
             Receipt { ack: Ack { region: self.name.clone(), incarnation, seq: batch.seq }, ..Receipt::default() };
         match self.peers.iter().position(|p| *p == batch.from) {
             Some(p) => {
-                let mut l = lock(&self.links[p]);
-                receipt.sender_restarted = l.sender_incarnation.is_some_and(|i| i != batch.from_incarnation);
-                l.sender_incarnation = Some(batch.from_incarnation);
-                l.stats.batches_received += 1;
-                l.stats.items_received += batch.items.len() as u64;
-                l.stats.last_received_us = now;
+                receipt.sender_restarted = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
             }
             None => receipt.unknown_sender = true,
         }
@@ -668,7 +590,7 @@ impl floodgate_sync::Region for RedisRegion {
             // Region-wide: every instance reads it back on its next refresh.
             let mut set = redis::cmd("HSET");
             set.arg(self.state_key()).arg(format!("c:{}", batch.from)).arg(incarnation.to_string());
-            self.store.raw(&set).await.map_err(|e| e.to_string())?;
+            self.store.raw(&set).await?;
             self.last_state_us.store(0, Ordering::Relaxed);
         }
         Ok(receipt)

@@ -1,33 +1,15 @@
-//! A Redis region: every instance on one Redis is one region, and its
-//! `scope: global` limits are decided over every region's counts, in the
-//! same script call as the regional checks (see `scripts/global.lua`).
-//!
-//! This store holds the region's state; moving it between regions (queues,
-//! batches, acknowledgements) is the caller's: [`RedisStore::merge`] stores
-//! a peer's batch, [`RedisStore::read_global`] gives what to send,
-//! [`RedisStore::ack_global`] records what a peer acknowledged.
+//! A Redis region's global state in Redis, beside the decisions (which
+//! `scripts/global.lua` makes in the same call as the regional checks):
+//! [`RedisStore::merge`] stores a peer's batch, [`RedisStore::read_global`]
+//! gives what to send, [`RedisStore::ack_global`] records what a peer
+//! acknowledged. Moving them between regions is [`super::RedisRegion`]'s.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of, slice};
-use floodgate_core::{Check, Limit, StoreError};
+use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of};
+use floodgate_core::{Limit, StoreError};
 use redis::cluster_routing::Slot;
 
-use crate::script::{GlobalArgs, SHA, SOURCE, algorithm, global_base, global_key, redis_key};
+use crate::script::{SHA, SOURCE, algorithm, global_base, redis_key};
 use crate::store::RedisStore;
-
-/// How a region's store decides `global` checks.
-#[derive(Debug, Clone)]
-pub struct RegionCtx {
-    /// The regions in all, this one included.
-    pub regions: usize,
-    /// Whether the region waits for a peer's full state (then it admits
-    /// only within its slice beyond what it knows).
-    pub warming: Arc<AtomicBool>,
-    /// The retry time of a request the slice denies, µs.
-    pub retry_us: u64,
-}
 
 /// What storing a peer's batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,41 +25,6 @@ pub struct MergeStats {
 }
 
 impl RedisStore {
-    /// The script's global arguments for a check, when this store is a
-    /// region's and the check is global.
-    pub(crate) fn global_args(&self, c: &Check<'_>) -> Option<(String, GlobalArgs)> {
-        let ctx = self.region_ctx()?;
-        let floodgate_core::region::Scope::Global(mode) = c.scope else { return None };
-        let shape = shape_of(c.limit)?;
-        let capacity = match shape {
-            Shape::Gcra { .. } => c.limit.burst(),
-            Shape::Windowed { .. } => c.limit.limit(),
-        };
-        let n = u64::try_from(ctx.regions.max(1)).unwrap_or(u64::MAX);
-        let bounded = match mode {
-            SyncMode::Bounded { overshoot_ppm } => slice(overshoot_ppm, capacity, ctx.regions).max(1),
-            SyncMode::Eventual => 0,
-        };
-        let warm = if ctx.warming.load(Ordering::Acquire) {
-            if bounded > 0 { bounded } else { (capacity / n).max(1) }
-        } else {
-            0
-        };
-        let x = global_key(&self.config().key_prefix, c.key, ":x");
-        Some((
-            x,
-            GlobalArgs {
-                slot_us: shape.slot_us(),
-                horizon: shape.horizon(),
-                slice: bounded,
-                peers: n - 1,
-                warm,
-                retry_us: ctx.retry_us,
-                fingerprint: fingerprint(c.limit, mode),
-            },
-        ))
-    }
-
     /// The base key of a counter key's global state.
     fn base(&self, key: &str) -> String {
         global_base(&self.config().key_prefix, key)
