@@ -63,6 +63,10 @@ pub struct RegionConfig {
     /// default 1 s: ten intervals). A key whose hits not yet sent reach
     /// `remaining / (100 × regions)` is sent at the next batch.
     pub lazy_us: u64,
+    /// Seeds the key table's hashing, for a run that must replay exactly
+    /// (the simulator: the same seed, the same table). `None` (default):
+    /// random per process, against hash flooding by chosen keys.
+    pub hash_seed: Option<u64>,
 }
 
 /// A region's settings that cannot work.
@@ -125,6 +129,7 @@ impl RegionConfig {
             heartbeat_us: 1_000_000,
             retry_hint_us: 200_000,
             lazy_us: 1_000_000,
+            hash_seed: None,
         }
     }
 }

@@ -439,6 +439,7 @@ fn table(spec: &Spec, r: usize, incarnation: u64) -> GlobalTable {
     cfg.interval_us = spec.interval_us;
     cfg.retry_hint_us = 2 * spec.interval_us;
     cfg.lazy_us = 10 * spec.interval_us;
+    cfg.hash_seed = Some(incarnation);
     GlobalTable::new(cfg).expect("simulated regions are valid")
 }
 

@@ -17,6 +17,8 @@ use crate::region::{
 };
 use crate::store::OwnedKey;
 use crate::{Decision, Limit, StoreError};
+use foldhash::SharedSeed;
+use foldhash::fast::SeedableRandomState;
 
 /// Counters of the whole table, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,7 +50,7 @@ struct Names {
 /// allocation on the deciding threads and release by the sweeper slowed
 /// every other allocation of the request path (BENCHMARKS.md, "Many
 /// regions").
-type Shard = Mutex<HashMap<OwnedKey, Entry, foldhash::fast::RandomState>>;
+type Shard = Mutex<HashMap<OwnedKey, Entry, SeedableRandomState>>;
 
 /// A memory-store region's global limits: decisions, merges, and what to
 /// send each peer. Thread-safe; keys are sharded.
@@ -58,7 +60,7 @@ pub struct GlobalTable {
     cfg: RegionConfig,
     names: RwLock<Names>,
     shards: Box<[Shard]>,
-    hasher: foldhash::fast::RandomState,
+    hasher: SeedableRandomState,
     links: Links<VecDeque<OwnedKey>, Vec<(OwnedKey, u64, u64)>>,
     /// Keys whose own hits wait for the lazy period, and failing links.
     lazy: Lazy<OwnedKey>,
@@ -70,6 +72,18 @@ pub struct GlobalTable {
     fingerprint_mismatches: AtomicU64,
     shape_mismatches: AtomicU64,
     unknown_senders: AtomicU64,
+}
+
+/// A hasher's state: random (against hash flooding), or from `seed` for a
+/// run that must replay exactly (`n` tells a table's hashers apart).
+fn hash_state(seed: Option<u64>, n: u64) -> SeedableRandomState {
+    match seed {
+        Some(s) => SeedableRandomState::with_seed(
+            s.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            SharedSeed::global_fixed(),
+        ),
+        None => SeedableRandomState::random(),
+    }
 }
 
 impl std::fmt::Debug for GlobalTable {
@@ -95,14 +109,13 @@ impl GlobalTable {
             std::iter::once(&cfg.region).chain(&cfg.peers).map(|n| Arc::from(n.as_str())).collect();
         let index = list.iter().enumerate().map(|(i, n)| (n.clone(), i as u16)).collect();
         let links = Links::new(&cfg);
-        let shards =
-            (0..64).map(|_| Mutex::new(HashMap::with_hasher(foldhash::fast::RandomState::default()))).collect();
+        let shards = (0..64).map(|i| Mutex::new(HashMap::with_hasher(hash_state(cfg.hash_seed, i + 1)))).collect();
         Ok(Self {
             region: list[0].clone(),
             incarnation: cfg.incarnation,
             names: RwLock::new(Names { list, index }),
             shards,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: hash_state(cfg.hash_seed, 0),
             links,
             lazy: Lazy::new(cfg.lazy_us),
             limits: Mutex::new(std::collections::HashSet::new()),

@@ -596,3 +596,38 @@ impl Region for RedisRegion {
         Ok(receipt)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use floodgate_core::region::link::KeyQueue;
+    use floodgate_core::region::{Item, Shape};
+
+    use super::{Owed, Queue, Tag};
+
+    fn key(o: Option<Owed>) -> Option<(String, bool)> {
+        o.map(|o| match o {
+            Owed::Key(k, t) => (k, t.bounded),
+            Owed::Read(item, t) => (format!("read {}", item.key), t.bounded),
+        })
+    }
+
+    #[test]
+    fn a_queue_holds_a_key_once_gives_read_items_first_and_skips_keys_taken_by_another_peer() {
+        let mut q = Queue::default();
+        for (k, bounded) in [("a", false), ("b", false)] {
+            let owed = q.absorb(k, Tag { bounded, rule: 1 }).expect("not queued yet");
+            q.push_back(owed);
+        }
+        assert!(q.absorb("a", Tag { bounded: true, rule: 0 }).is_none(), "queued: folded in");
+        assert_eq!(q.len(), 2);
+        // Another peer's read took `b` (its item goes to that peer).
+        q.queued.remove("b");
+        let item = Item { key: "c".into(), fingerprint: 1, shape: Shape::Gcra { slot_us: 1 }, components: vec![] };
+        q.push_back(Owed::Read(item, Tag::default()));
+        assert_eq!((q.len(), q.size()), (2, 2), "the bound counts the order, the length what is owed");
+        assert_eq!(key(q.pop_front()), Some(("read c".into(), false)));
+        assert_eq!(key(q.pop_front()), Some(("a".into(), true)), "bounded if either was");
+        assert_eq!(key(q.pop_front()), None, "b was taken");
+        assert!(q.is_empty());
+    }
+}
