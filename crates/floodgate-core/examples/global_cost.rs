@@ -92,7 +92,7 @@ fn main() {
                             bytes += k.len() + 8 * c.len();
                         };
                         while let Some(b) = table.next_batch_into(p, now, &mut sink) {
-                            let ack = Ack { region: String::new(), incarnation: 9, seq: b.seq };
+                            let ack = Ack { region: String::new(), incarnation: 9, seq: b.seq, for_incarnation: 0 };
                             table.on_ack(p, &ack, now);
                             sent += b.items as usize;
                             if b.items == 0 {

@@ -32,9 +32,18 @@ fn table() -> GlobalTable {
     let mut cfg = RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A);
     cfg.retry_hint_us = 200_000;
     let t = GlobalTable::new(cfg).unwrap();
-    for peer in ["b", "c"] {
-        let done = Batch { from: peer.into(), to_incarnation: INC_A, complete: true, ..Batch::default() };
+    for (p, peer) in ["b", "c"].into_iter().enumerate() {
+        let done = Batch {
+            from: peer.into(),
+            from_incarnation: 20 + p as u64,
+            to_incarnation: INC_A,
+            complete: true,
+            ..Batch::default()
+        };
         t.receive(&done, T0);
+        // And each has recorded a (it acknowledged a batch of a's).
+        let ack = floodgate_core::region::Ack { region: peer.into(), incarnation: 30, seq: 0, for_incarnation: INC_A };
+        t.on_ack(p, &ack, T0);
     }
     assert!(!t.warming());
     t
@@ -118,6 +127,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                         }],
                     }],
                     complete: false,
+                    incarnations: vec![],
                 };
                 t.receive(&batch, now);
                 rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
@@ -127,8 +137,12 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                 // Memory: a batch to each peer, acknowledged.
                 for p in 0..2 {
                     while let Some(b) = t.next_batch(p, now) {
-                        let ack =
-                            floodgate_core::region::Ack { region: ["b", "c"][p].into(), incarnation: 30, seq: b.seq };
+                        let ack = floodgate_core::region::Ack {
+                            region: ["b", "c"][p].into(),
+                            incarnation: 30,
+                            seq: b.seq,
+                            for_incarnation: INC_A,
+                        };
                         t.on_ack(p, &ack, now);
                         if b.items.is_empty() {
                             break;
@@ -199,6 +213,7 @@ fn from_b(key: &str, limit: &Limit, fp: u64, now: u64, count: u64) -> Batch {
             components: vec![Component { region: 0, incarnation: 20, slot: now / shape.slot_us(), count }],
         }],
         complete: false,
+        incarnations: vec![],
     }
 }
 

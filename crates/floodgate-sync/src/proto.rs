@@ -6,15 +6,17 @@
 //! service Sync { rpc Push(SyncBatch) returns (SyncAck); }
 //! message SyncBatch { string from = 1; uint64 from_incarnation = 2; uint64 to_incarnation = 3;
 //!                     uint64 seq = 4; repeated SyncItem items = 5; bool complete = 6;
-//!                     repeated string regions = 7; }
+//!                     repeated string regions = 7; repeated SyncIncarnation incarnations = 8; }
 //! message SyncItem  { string key = 1; uint64 fingerprint = 2; uint32 kind = 3; uint64 slot_us = 4;
 //!                     uint32 horizon = 5; repeated SyncComponent components = 6; }
 //! message SyncComponent { uint32 region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4; }
+//! message SyncIncarnation { uint32 region = 1; uint64 incarnation = 2; uint64 recorded_us = 3;
+//!                           uint64 dead_us = 4; uint64 count = 5; }
 //! // region: an index into the batch's regions
-//! message SyncAck   { string region = 1; uint64 incarnation = 2; uint64 seq = 3; }
+//! message SyncAck   { string region = 1; uint64 incarnation = 2; uint64 seq = 3; uint64 for_incarnation = 4; }
 //! ```
 
-use floodgate_core::region::{Ack, Batch, Component, Item, Shape};
+use floodgate_core::region::{Ack, Batch, Component, Incarnation, Item, Shape};
 
 /// A batch on the wire.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -40,6 +42,30 @@ pub struct SyncBatch {
     /// The region names components refer to by index.
     #[prost(string, repeated, tag = "7")]
     pub regions: Vec<String>,
+    /// The sender's record of incarnations (with a full state transfer;
+    /// an older sender sends none).
+    #[prost(message, repeated, tag = "8")]
+    pub incarnations: Vec<SyncIncarnation>,
+}
+
+/// One incarnation of one region, in a sender's record.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyncIncarnation {
+    /// The region: an index into the batch's `regions`.
+    #[prost(uint32, tag = "1")]
+    pub region: u32,
+    /// The incarnation.
+    #[prost(uint64, tag = "2")]
+    pub incarnation: u64,
+    /// When the sender recorded it, µs since the epoch (0: not known).
+    #[prost(uint64, tag = "3")]
+    pub recorded_us: u64,
+    /// When the sender learned of a later one (0: alive).
+    #[prost(uint64, tag = "4")]
+    pub dead_us: u64,
+    /// Dead incarnations the record stands for (at least 1).
+    #[prost(uint64, tag = "5")]
+    pub count: u64,
 }
 
 /// One key on the wire.
@@ -95,6 +121,9 @@ pub struct SyncAck {
     /// The batch acknowledged.
     #[prost(uint64, tag = "3")]
     pub seq: u64,
+    /// The incarnation of the sender the batch came from (0: not said).
+    #[prost(uint64, tag = "4")]
+    pub for_incarnation: u64,
 }
 
 /// Bounds on what a peer may send in one batch.
@@ -107,6 +136,9 @@ pub mod limits {
     pub const MAX_COMPONENTS: usize = 4_096;
     /// Most region names per batch.
     pub const MAX_REGIONS: usize = 1_024;
+    /// Most incarnation records per batch (a sender folds its dead ones
+    /// beyond [`floodgate_core::region::MAX_DEAD`]).
+    pub const MAX_INCARNATIONS: usize = 4 * floodgate_core::region::MAX_DEAD;
     /// Longest region name, bytes.
     pub const MAX_NAME: usize = 64;
     /// Most slots a window key may count (the largest granularity).
@@ -156,6 +188,7 @@ impl SyncBatch {
                 })
                 .collect(),
             complete: b.complete,
+            incarnations: b.incarnations.iter().map(SyncIncarnation::from_record).collect(),
         }
     }
 
@@ -226,6 +259,39 @@ impl SyncBatch {
             }
             items.push(Item { key: item.key, fingerprint: item.fingerprint, shape, components });
         }
+        if self.incarnations.len() > limits::MAX_INCARNATIONS {
+            return Err(format!(
+                "incarnations: {} records, at most {}",
+                self.incarnations.len(),
+                limits::MAX_INCARNATIONS
+            ));
+        }
+        let mut incarnations = Vec::with_capacity(self.incarnations.len());
+        for (i, r) in self.incarnations.into_iter().enumerate() {
+            if r.region as usize >= self.regions.len() {
+                return Err(format!(
+                    "incarnations[{i}].region: {} is not an index into regions ({} names)",
+                    r.region,
+                    self.regions.len()
+                ));
+            }
+            if r.count == 0 {
+                return Err(format!("incarnations[{i}].count: must be at least 1"));
+            }
+            if r.dead_us != 0 && r.recorded_us > r.dead_us {
+                return Err(format!(
+                    "incarnations[{i}]: recorded_us {} after dead_us {}: a record ends after it starts",
+                    r.recorded_us, r.dead_us
+                ));
+            }
+            incarnations.push(Incarnation {
+                region: r.region,
+                incarnation: r.incarnation,
+                recorded_us: r.recorded_us,
+                dead_us: r.dead_us,
+                count: r.count,
+            });
+        }
         Ok(Batch {
             from: self.from,
             regions: self.regions,
@@ -234,19 +300,33 @@ impl SyncBatch {
             seq: self.seq,
             items,
             complete: self.complete,
+            incarnations,
         })
+    }
+}
+
+impl SyncIncarnation {
+    /// From the core type.
+    pub fn from_record(r: &Incarnation) -> Self {
+        SyncIncarnation {
+            region: r.region,
+            incarnation: r.incarnation,
+            recorded_us: r.recorded_us,
+            dead_us: r.dead_us,
+            count: r.count,
+        }
     }
 }
 
 impl SyncAck {
     /// From the core type.
     pub fn from_ack(a: &Ack) -> Self {
-        SyncAck { region: a.region.clone(), incarnation: a.incarnation, seq: a.seq }
+        SyncAck { region: a.region.clone(), incarnation: a.incarnation, seq: a.seq, for_incarnation: a.for_incarnation }
     }
 
     /// To the core type.
     pub fn into_ack(self) -> Ack {
-        Ack { region: self.region, incarnation: self.incarnation, seq: self.seq }
+        Ack { region: self.region, incarnation: self.incarnation, seq: self.seq, for_incarnation: self.for_incarnation }
     }
 }
 
@@ -277,6 +357,7 @@ mod tests {
                 components: vec![Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5 }],
             }],
             complete: true,
+            incarnations: vec![Incarnation { region: 0, incarnation: 5, recorded_us: 10, dead_us: 20, count: 1 }],
         };
         let wire = SyncBatch::from_batch(b.clone()).encode_to_vec();
         assert_eq!(SyncBatch::decode(&wire[..]).unwrap().into_batch().unwrap(), b);
@@ -293,6 +374,9 @@ mod tests {
         assert!(bad(&|m| m.items[0].key = "k".repeat(5_000)).contains("items[0].key"));
         assert!(bad(&|m| m.items[0].components[0].region = 3).contains("components[0].region: 3 is not an index"));
         assert!(bad(&|m| m.regions[0] = "a b".into()).contains("regions[0]"));
+        assert!(bad(&|m| m.incarnations[0].region = 1).contains("incarnations[0].region: 1 is not an index"));
+        assert!(bad(&|m| m.incarnations[0].count = 0).contains("incarnations[0].count"));
+        assert!(bad(&|m| m.incarnations[0].recorded_us = 30).contains("incarnations[0]: recorded_us 30 after"));
         // Garbage bytes are a decode error, not a panic.
         assert!(SyncBatch::decode(&[0xff, 0xff, 0xff][..]).is_err());
     }
@@ -419,6 +503,19 @@ impl BatchEncoder {
             len_head(7, r.len(), b);
             b.extend_from_slice(r.as_bytes());
         }
+        for r in &head.incarnations {
+            let len = varint_field_len(1, u64::from(r.region))
+                + varint_field_len(2, r.incarnation)
+                + varint_field_len(3, r.recorded_us)
+                + varint_field_len(4, r.dead_us)
+                + varint_field_len(5, r.count);
+            len_head(8, len, b);
+            varint_field(1, u64::from(r.region), b);
+            varint_field(2, r.incarnation, b);
+            varint_field(3, r.recorded_us, b);
+            varint_field(4, r.dead_us, b);
+            varint_field(5, r.count, b);
+        }
         Encoded(self.buf)
     }
 }
@@ -455,12 +552,17 @@ mod encoder_tests {
             seq: 12,
             items: 2,
             complete: true,
+            incarnations: vec![
+                Incarnation { region: 1, incarnation: 3, recorded_us: 0, dead_us: 9, count: 2 },
+                Incarnation { region: 0, incarnation: 7, recorded_us: 1, dead_us: 0, count: 1 },
+            ],
         };
         let bytes = enc.finish(&head).0;
         let got = SyncBatch::decode(&bytes[..]).unwrap().into_batch().unwrap();
         assert_eq!(got.from, "eu");
         assert_eq!((got.from_incarnation, got.to_incarnation, got.seq, got.complete), (7, 0, 12, true));
         assert_eq!(got.regions, head.regions);
+        assert_eq!(got.incarnations, head.incarnations);
         assert_eq!(got.items.len(), 2);
         assert_eq!(got.items[0].key, "api|user=alice#0");
         assert_eq!(got.items[0].components, items[0].3);

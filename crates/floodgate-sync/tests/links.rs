@@ -83,6 +83,9 @@ async fn usage_flows_between_regions_and_is_acknowledged() {
     serve(&b, lb, None, stop.clone());
     let clock = SystemClock::new();
     let (l, e) = (limit(), SyncMode::Eventual);
+    // A region that knows nothing yet admits nothing on eventual rules
+    // until a peer's full state arrives (c's is not needed).
+    eventually("a has b's full state", || !a.table.cold()).await;
     let t = Instant::now();
     for _ in 0..30 {
         a.table.apply("k", &l, e, 1, clock.now_us()).unwrap();
@@ -92,6 +95,7 @@ async fn usage_flows_between_regions_and_is_acknowledged() {
     // c comes up and catches up; then everyone agrees.
     links(&c, vec![peer("a", &a), peer("b", &b)], None, stop.clone());
     serve(&c, lc, None, stop.clone());
+    eventually("c has a peer's full state", || !c.table.cold()).await;
     for _ in 0..10 {
         c.table.apply("k", &l, e, 1, clock.now_us()).unwrap();
     }

@@ -223,6 +223,13 @@ pub(crate) struct CommonArgs {
     /// --sync-interval.
     #[arg(long, env = "FLOODGATE_SYNC_LAZY")]
     pub(crate) sync_lazy: Option<String>,
+    /// How long a region that knows nothing yet (it just started, or its
+    /// Redis restarted empty) waits for its first peer's full state before
+    /// it admits on eventual global rules; until then it admits nothing
+    /// there (it cannot tell a spent key from a fresh one). 0s admits its
+    /// share of each limit at once.
+    #[arg(long, env = "FLOODGATE_SYNC_WARMUP", default_value = "1s")]
+    pub(crate) sync_warmup: String,
     /// The bearer token every region's sync service requires (the same in
     /// every region).
     #[arg(long, env = "FLOODGATE_SYNC_TOKEN", hide_env_values = true)]
@@ -382,9 +389,14 @@ pub(crate) struct RegionSimArgs {
     #[arg(long, requires = "regions")]
     pub(crate) split: Option<String>,
     /// steady, burst, round-robin, shift, partition, tiny, heavy,
-    /// many-keys, restart, skew or trickle.
+    /// many-keys, restart, skew, trickle, crashloop, partition-crash or
+    /// instance-crash.
     #[arg(long, default_value = "steady", requires = "regions")]
     pub(crate) pattern: String,
+    /// For --pattern crashloop: how often the last region crashes in each
+    /// window (after the first), each time right after taking its slice.
+    #[arg(long, default_value_t = 5, requires = "regions", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) crashes: u32,
     /// Offered load, in limits per window.
     #[arg(long, default_value_t = 2.0, requires = "regions")]
     pub(crate) offered: f64,

@@ -4,7 +4,8 @@ use std::fmt;
 
 /// Success (for `check`: allowed).
 pub(crate) const OK: u8 = 0;
-/// `check`: the request was denied.
+/// `check`: the request was denied; `simulate --regions`: the bounded cap
+/// was broken in some seed.
 pub(crate) const DENIED: u8 = 1;
 /// Runtime failure: cannot read, write, connect or bind.
 pub(crate) const FAILURE: u8 = 2;
@@ -31,6 +32,11 @@ impl Failure {
     /// Exit with `code` and nothing to print (e.g. `check`: denied).
     pub(crate) fn quiet(code: u8) -> Self {
         Self { code, message: String::new() }
+    }
+
+    /// Exit with `code`, saying `message`.
+    pub(crate) fn with_code(code: u8, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
     }
 
     pub(crate) fn runtime(message: impl Into<String>) -> Self {

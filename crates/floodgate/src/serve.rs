@@ -224,6 +224,8 @@ fn regions_config(args: &CommonArgs) -> Result<Option<RegionsConfig>, Failure> {
             Some(l) => parse_duration(l).map_err(|e| Failure::usage(format!("--sync-lazy: {e}")))?,
             None => interval.saturating_mul(10),
         },
+        // Zero is allowed: no wait.
+        warmup: parse_duration(&args.sync_warmup).map_err(|e| Failure::usage(format!("--sync-warmup: {e}")))?,
         token: args.sync_token.clone(),
     }))
 }

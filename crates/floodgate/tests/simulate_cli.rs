@@ -94,3 +94,55 @@ fn a_closed_stdout_is_not_an_error() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+/// The crash loop: 120 a minute, bounded at 5% (a slice of 2 per
+/// region, a cap of 126); the last region takes its slice and dies with its
+/// state lost K times a window. The cap holds in every one of 100 seeds,
+/// and the command says so (it exits 1 when a seed breaks it).
+#[test]
+fn the_bounded_cap_holds_through_a_crashloop_in_100_seeds() {
+    let runs: Vec<(u32, Child)> = [1u32, 2, 5, 10]
+        .into_iter()
+        .map(|k| {
+            let k_text = k.to_string();
+            let args = [
+                "--regions",
+                "a,b,c",
+                "--split",
+                "70,20,10",
+                "--pattern",
+                "crashloop",
+                "--crashes",
+                &k_text,
+                "--limit",
+                "120",
+                "--window",
+                "1m",
+                "--windows",
+                "2",
+                "--sync",
+                "bounded",
+                "--overshoot",
+                "5%",
+                "--seeds",
+                "100",
+                "--json",
+            ];
+            (k, spawn(&args))
+        })
+        .collect();
+    for (k, child) in runs {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "K={k}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let runs = v["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 100);
+        for r in runs {
+            assert_eq!(r["cap"], 126, "K={k}");
+            assert_eq!(r["cap_held"], true, "K={k}: {r}");
+        }
+    }
+    let out = simulate(&["--regions", "a,b,c", "--pattern", "crashloop", "--crashes", "0"], "");
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--crashes"));
+}

@@ -2,6 +2,7 @@
 //! components peers sent, per slot; for the GCRA family also the local
 //! bucket, into which peers' usage is poured as debt.
 
+use crate::region::incarnations::Incarnations;
 use crate::region::wire::Shape;
 use crate::region::{SyncMode, slice};
 use crate::state::Inner;
@@ -74,10 +75,16 @@ pub(crate) struct Entry {
     pub(crate) slots: smallvec::SmallVec<[Slot; 1]>,
     /// Bit `p`: queued to be sent to peer `p`.
     pub(crate) queued: u64,
+    /// Bit `p`: send peer `p` every component, not only this region's own
+    /// (others' components this region relays).
+    pub(crate) relay: u64,
     /// Own hits admitted since the key was last queued for the peers.
     pub(crate) unsent: u64,
     /// Waiting in the table's lazy list (sent within the lazy period).
     pub(crate) lazy: bool,
+    /// The GCRA family under a bounded rule: the deaths of incarnations
+    /// whose debt is in the bucket already (see `incarnations`).
+    pub(crate) deaths_seen: u32,
 }
 
 /// When a decision's own hits go to the peers.
@@ -139,6 +146,12 @@ pub(crate) struct Caps {
     pub(crate) retry_us: u64,
     /// Send every change at the next batch (a link is failing).
     pub(crate) eager: bool,
+    /// Bounded rules admit nothing: not every peer has recorded this
+    /// incarnation yet (or a later one of this region exists).
+    pub(crate) closed: bool,
+    /// Eventual rules admit nothing: no peer's full state yet, and the
+    /// warm-up wait not over.
+    pub(crate) cold: bool,
 }
 
 impl Entry {
@@ -243,19 +256,52 @@ impl Entry {
     /// family: over the local bucket, peers' debt included), then the
     /// caps; admitted hits join this region's own component. Returns the
     /// decision and whether the own component changed.
-    pub(crate) fn decide(&mut self, limit: &Limit, now: u64, hits: u64, peers: usize, caps: Caps) -> (Decision, Send) {
+    pub(crate) fn decide(
+        &mut self,
+        limit: &Limit,
+        now: u64,
+        hits: u64,
+        peers: usize,
+        caps: Caps,
+        deaths: &Incarnations,
+    ) -> (Decision, Send) {
         let (Some(mode), Some(shape)) = (self.rule.as_ref().map(|r| r.mode), self.shape) else {
             return (Decision::deny(0, 0, 0, None), Send::No);
         };
         self.prune(now);
         let cur = now / shape.slot_us();
+        // Bounded: a slice for every dead incarnation that may have taken
+        // its unacknowledged hits with it (see `incarnations`).
+        let crash_slice = match mode {
+            SyncMode::Bounded { overshoot_ppm } if deaths.deaths() > 0 => {
+                let capacity = match shape {
+                    Shape::Gcra { .. } => limit.burst(),
+                    Shape::Windowed { .. } => limit.limit(),
+                };
+                slice(overshoot_ppm, capacity, caps.regions)
+            }
+            _ => 0,
+        };
         let (d, gcra_state) = match (shape, limit.algorithm()) {
             (Shape::Gcra { .. }, _) => {
+                if crash_slice > 0 && u64::from(self.deaths_seen) < deaths.deaths() {
+                    let (debts, seen) = deaths.debts_after(u64::from(self.deaths_seen));
+                    for (at, count) in debts {
+                        add_debt(limit, &mut self.tat, at, crash_slice.saturating_mul(count));
+                    }
+                    self.deaths_seen = u32::try_from(seen).unwrap_or(u32::MAX);
+                }
                 let mut t = self.tat.clone();
                 (limit.apply(&mut t, now, hits), Some(t))
             }
-            (Shape::Windowed { horizon, .. }, algorithm) => {
-                let mut synth = self.synthetic(algorithm, cur, horizon);
+            (Shape::Windowed { horizon, slot_us }, algorithm) => {
+                let charge = if crash_slice > 0 {
+                    let from = (cur + 1).saturating_sub(u64::from(horizon)).saturating_mul(slot_us);
+                    crash_slice.saturating_mul(deaths.charges(from, (cur + 1).saturating_mul(slot_us)))
+                } else {
+                    0
+                };
+                let mut synth = self.synthetic(algorithm, cur, horizon, charge);
                 (limit.apply(&mut synth, now, hits), None)
             }
         };
@@ -270,11 +316,17 @@ impl Entry {
         let own: u64 = self.slots.iter().map(|s| s.own).sum();
         let unacked: u64 = self.slots.iter().map(Slot::unacked).sum();
         let cap = match mode {
+            SyncMode::Bounded { overshoot_ppm } if caps.closed => {
+                Some((0, slice(overshoot_ppm, capacity, caps.regions)))
+            }
             SyncMode::Bounded { overshoot_ppm } => {
                 let s = slice(overshoot_ppm, capacity, caps.regions);
                 let left = s.saturating_sub(unacked);
                 let warm_left = if caps.warming { s.saturating_sub(own) } else { u64::MAX };
                 Some((left.min(warm_left), s))
+            }
+            SyncMode::Eventual if caps.cold => {
+                Some((0, (capacity / u64::try_from(caps.regions.max(1)).unwrap_or(1)).max(1)))
             }
             SyncMode::Eventual if caps.warming => {
                 let share = (capacity / u64::try_from(caps.regions.max(1)).unwrap_or(1)).max(1);
@@ -310,13 +362,15 @@ impl Entry {
         (d, if urgent { Send::Now } else { Send::Later })
     }
 
-    /// The window algorithms' state as if one region held every count.
-    fn synthetic(&self, algorithm: &Algorithm, cur: u64, horizon: u32) -> State {
+    /// The window algorithms' state as if one region held every count,
+    /// plus `charge` hits in the current slot (what dead incarnations may
+    /// have taken).
+    fn synthetic(&self, algorithm: &Algorithm, cur: u64, horizon: u32, charge: u64) -> State {
         match algorithm {
             Algorithm::SlidingWindow => State(Inner::Sliding {
                 id: cur,
                 prev: cur.checked_sub(1).map_or(0, |p| self.total(p)),
-                cur: self.total(cur),
+                cur: self.total(cur).saturating_add(charge),
             }),
             Algorithm::SlidingBuckets { .. } => {
                 let g = horizon as usize;
@@ -329,9 +383,12 @@ impl Entry {
                         ring[1] = ring[1].saturating_add(t);
                     }
                 }
+                let at = 2 + (cur % u64::from(horizon)) as usize;
+                ring[at] = ring[at].saturating_add(charge);
+                ring[1] = ring[1].saturating_add(charge);
                 State(Inner::Buckets(ring.into_boxed_slice()))
             }
-            _ => State(Inner::Window { id: cur, count: self.total(cur) }),
+            _ => State(Inner::Window { id: cur, count: self.total(cur).saturating_add(charge) }),
         }
     }
 

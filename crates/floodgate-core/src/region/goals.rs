@@ -183,13 +183,33 @@ fn goal_row(mode: SyncMode, algorithm: Algorithm, secs: u64, pattern: Pattern, l
             fail(format!("false denials {:.2}% above 1%", 100.0 * false_denials));
         }
     }
-    if pattern == Pattern::Partition && secs >= 10 {
+    // Convergence: after a heal, in 99% of the seeds; after a region's
+    // (or an instance's) return, whose longer chain of messages (its first
+    // word, a peer's full state, a relay) meets the 1% loss more often, in
+    // 95%. (At 1 s windows every count expires before it matters.)
+    let share = match pattern {
+        Pattern::Partition => Some(99),
+        Pattern::PartitionCrash | Pattern::InstanceCrash => Some(95),
+        _ => None,
+    };
+    if let Some(share) = share
+        && secs >= 10
+    {
         let bound = reports.first().map_or(0, |r| r.convergence_bound_us);
         let within = reports.iter().filter(|r| r.convergence_us.is_some_and(|c| c <= bound)).count() as u64;
         let slowest = reports.iter().map(|r| r.convergence_us.unwrap_or(u64::MAX)).max().unwrap_or(0);
         row.converged = Some((within, slowest, bound));
-        if within * 100 < 99 * seeds {
+        if within * 100 < share * seeds {
             fail(format!("converged within the bound in {within} of {seeds} seeds"));
+        }
+    }
+    if pattern == Pattern::InstanceCrash && bounded {
+        // The dead instance's hits are acknowledged in the end, so the
+        // last region admits again.
+        let burst = spec(1).burst_before_crash();
+        let stuck = reports.iter().filter(|r| r.by_region.last().copied().unwrap_or(0) <= burst).count();
+        if stuck > 0 {
+            fail(format!("the last region admitted nothing after its instance died in {stuck} seeds"));
         }
     }
     row

@@ -48,14 +48,13 @@ pub struct RegionConfig {
     /// Batches awaiting their acknowledgement per peer (default 8).
     pub max_in_flight: usize,
     /// The sync interval (µs): how often the transport asks for batches
-    /// (default 100 ms).
+    /// (default 100 ms). An idle link sends an empty batch (a heartbeat)
+    /// as often, so a peer that stops answering is known within an
+    /// interval and the call timeout, and incarnations stay known.
     pub interval_us: u64,
     /// A batch with no acknowledgement after `interval + 2 × the link's
     /// round trip` is sent again; never later than this (µs, default 2 s).
     pub ack_timeout_us: u64,
-    /// An idle link sends an empty batch this often (µs), so incarnations
-    /// and lag stay known (default 1 s).
-    pub heartbeat_us: u64,
     /// The wait suggested to a request the slice denies (µs): about one sync
     /// round trip (default 200 ms).
     pub retry_hint_us: u64,
@@ -63,6 +62,13 @@ pub struct RegionConfig {
     /// default 1 s: ten intervals). A key whose hits not yet sent reach
     /// `remaining / (100 × regions)` is sent at the next batch.
     pub lazy_us: u64,
+    /// How long a region that has heard no peer's full state yet (it just
+    /// started, its state lost) waits before it admits on eventual rules
+    /// (µs, default 1 s): it knows nothing of what the others admitted, so
+    /// it admits nothing until the first full state arrives or this much
+    /// time has passed (then its share of the limit until every peer's
+    /// has).
+    pub warmup_us: u64,
     /// Seeds the key table's hashing, for a run that must replay exactly
     /// (the simulator: the same seed, the same table). `None` (default):
     /// random per process, against hash flooding by chosen keys.
@@ -126,9 +132,9 @@ impl RegionConfig {
             max_in_flight: 8,
             interval_us: 100_000,
             ack_timeout_us: 2_000_000,
-            heartbeat_us: 1_000_000,
             retry_hint_us: 200_000,
             lazy_us: 1_000_000,
+            warmup_us: 1_000_000,
             hash_seed: None,
         }
     }
@@ -256,6 +262,16 @@ pub struct Requeue<K> {
     pub started_failing: bool,
 }
 
+/// What a peer's batch told the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// The peer's incarnation changed since its last batch.
+    pub sender_restarted: bool,
+    /// The peer is at an incarnation the link did not know: send it the
+    /// full state for this incarnation ([`Links::start_full`]).
+    pub restarted: Option<u64>,
+}
+
 /// What an acknowledgement did.
 #[derive(Debug)]
 pub struct Acked<A> {
@@ -302,6 +318,9 @@ pub struct Link<Q: KeyQueue, A> {
     /// The peer has sent this region its full state (for this region's
     /// incarnation).
     complete_from: bool,
+    /// The peer acknowledged a batch of this incarnation: it has recorded
+    /// it (bounded rules admit nothing until every peer has).
+    recorded: bool,
     stats: LinkStats,
 }
 
@@ -318,6 +337,7 @@ impl<Q: KeyQueue, A> Link<Q, A> {
             sender_incarnation: None,
             failing: false,
             complete_from: false,
+            recorded: false,
             stats: LinkStats::default(),
         }
     }
@@ -370,12 +390,15 @@ impl<Q: KeyQueue, A> Link<Q, A> {
 pub struct Links<Q: KeyQueue, A> {
     links: Box<[Mutex<Link<Q, A>>]>,
     warming: Arc<AtomicBool>,
+    /// Every peer has recorded this incarnation.
+    recorded: Arc<AtomicBool>,
+    /// Some peer has sent this region its full state.
+    heard_full: AtomicBool,
     batch_items: usize,
     max_queue: usize,
     max_in_flight: usize,
     interval_us: u64,
     ack_timeout_us: u64,
-    heartbeat_us: u64,
 }
 
 impl<Q: KeyQueue, A> std::fmt::Debug for Links<Q, A> {
@@ -391,12 +414,13 @@ impl<Q: KeyQueue, A> Links<Q, A> {
         Self {
             links: cfg.peers.iter().map(|_| Mutex::new(Link::new())).collect(),
             warming: Arc::new(AtomicBool::new(!cfg.peers.is_empty())),
+            recorded: Arc::new(AtomicBool::new(cfg.peers.is_empty())),
+            heard_full: AtomicBool::new(cfg.peers.is_empty()),
             batch_items: cfg.batch_items.max(1),
             max_queue: cfg.max_queue,
             max_in_flight: cfg.max_in_flight.max(1),
             interval_us: cfg.interval_us,
             ack_timeout_us: cfg.ack_timeout_us,
-            heartbeat_us: cfg.heartbeat_us,
         }
     }
 
@@ -423,6 +447,33 @@ impl<Q: KeyQueue, A> Links<Q, A> {
     /// The warming flag itself, for a store that decides with it.
     pub fn warming_flag(&self) -> &Arc<AtomicBool> {
         &self.warming
+    }
+
+    /// Whether some peer has sent this region its full state.
+    pub fn heard_full(&self) -> bool {
+        self.heard_full.load(Ordering::Acquire)
+    }
+
+    /// Whether every peer has recorded this incarnation (acknowledged one
+    /// of its batches): until then bounded rules admit nothing, so every
+    /// incarnation that admitted is known to all before it can die.
+    pub fn recorded_by_all(&self) -> bool {
+        self.recorded.load(Ordering::Acquire)
+    }
+
+    /// The recorded-by-all flag itself, for a store that decides with it.
+    pub fn recorded_flag(&self) -> &Arc<AtomicBool> {
+        &self.recorded
+    }
+
+    /// Record that peer `p` has recorded this incarnation (for a region
+    /// whose instances share it: another instance saw the acknowledgement).
+    pub fn set_recorded(&self, p: usize) {
+        if std::mem::replace(&mut self.lock(p).recorded, true) {
+            return;
+        }
+        let all = (0..self.links.len()).all(|q| self.lock(q).recorded);
+        self.recorded.store(all, Ordering::Release);
     }
 
     /// Queue `key` for peer `p`; `false` when the queue is full (the key
@@ -500,7 +551,7 @@ impl<Q: KeyQueue, A> Links<Q, A> {
             }
         }
         let first_contact = link.known_incarnation.is_none() && link.in_flight.is_empty();
-        let heartbeat_due = now.saturating_sub(link.last_sent_us) >= self.heartbeat_us;
+        let heartbeat_due = now.saturating_sub(link.last_sent_us) >= self.interval_us;
         if keys.is_empty() && !complete && !first_contact && !heartbeat_due {
             return Take::Wait;
         }
@@ -540,8 +591,19 @@ impl<Q: KeyQueue, A> Links<Q, A> {
         self.lock(p).put_back(InFlight { seq, sent_us: 0, keys, acked, full, complete })
     }
 
-    /// Peer `p` acknowledged a batch at `now`.
-    pub fn on_ack(&self, p: usize, ack: &Ack, now: u64) -> Acked<A> {
+    /// Peer `p` acknowledged a batch at `now`; `incarnation` is this
+    /// region's. An acknowledgement of a batch an earlier incarnation of
+    /// this region sent confirms nothing.
+    pub fn on_ack(&self, p: usize, ack: &Ack, now: u64, incarnation: u64) -> Acked<A> {
+        if ack.for_incarnation != 0 && ack.for_incarnation != incarnation {
+            return Acked { confirmed: None, restarted: None, recovered: false };
+        }
+        let acked = self.ack(p, ack, now);
+        self.set_recorded(p);
+        acked
+    }
+
+    fn ack(&self, p: usize, ack: &Ack, now: u64) -> Acked<A> {
         let mut link = self.lock(p);
         link.stats.last_ack_us = now;
         let recovered = std::mem::take(&mut link.failing);
@@ -576,15 +638,40 @@ impl<Q: KeyQueue, A> Links<Q, A> {
     }
 
     /// A batch of `items` keys from peer `p` (at `incarnation`) arrived at
-    /// `now`; whether the peer restarted since its last batch.
-    pub fn received(&self, p: usize, incarnation: u64, items: usize, now: u64) -> bool {
+    /// `now`.
+    pub fn received(&self, p: usize, incarnation: u64, items: usize, now: u64) -> Received {
         let mut link = self.lock(p);
-        let restarted = link.sender_incarnation.is_some_and(|inc| inc != incarnation);
+        let sender_restarted = link.sender_incarnation.is_some_and(|inc| inc != incarnation);
         link.sender_incarnation = Some(incarnation);
         link.stats.batches_received += 1;
         link.stats.items_received += items as u64;
         link.stats.last_received_us = now;
-        restarted
+        // A peer heard from at an incarnation this link did not know (it
+        // restarted, or this is the first word from it) gets the full state
+        // at once, not only after its next acknowledgement.
+        let new = link.known_incarnation != Some(incarnation);
+        link.known_incarnation = Some(incarnation);
+        Received { sender_restarted, restarted: new.then_some(incarnation) }
+    }
+
+    /// Forget every link's state but whether each peer has sent the
+    /// region its full state and has recorded its incarnation: what an
+    /// instance of a region whose state
+    /// outlives it (a Redis region's) loses when it dies. Its queues, its
+    /// batches in flight and what it knew of its peers are gone; each peer
+    /// is then a first contact again (and gets the full state). Returns
+    /// how many links were failing.
+    pub fn forget(&self) -> usize {
+        let mut failing = 0;
+        for p in 0..self.links.len() {
+            let mut link = self.lock(p);
+            let (complete, recorded) = (link.complete_from, link.recorded);
+            failing += usize::from(link.failing);
+            *link = Link::new();
+            link.complete_from = complete;
+            link.recorded = recorded;
+        }
+        failing
     }
 
     /// Whether peer `p` has sent this region its full state.
@@ -598,6 +685,9 @@ impl<Q: KeyQueue, A> Links<Q, A> {
     pub fn set_complete(&self, p: usize, complete: bool) {
         if std::mem::replace(&mut self.lock(p).complete_from, complete) == complete {
             return;
+        }
+        if complete {
+            self.heard_full.store(true, Ordering::Release);
         }
         let warming = (0..self.links.len()).any(|q| !self.lock(q).complete_from);
         self.warming.store(warming, Ordering::Release);
@@ -637,7 +727,7 @@ mod tests {
     }
 
     fn ack(seq: u64, incarnation: u64) -> Ack {
-        Ack { region: "p0".into(), incarnation, seq }
+        Ack { region: "p0".into(), incarnation, seq, for_incarnation: 0 }
     }
 
     #[test]
@@ -647,7 +737,7 @@ mod tests {
         assert_eq!((hello.seq, hello.keys.len(), hello.to_incarnation), (1, 0, 0));
         l.sent(0, hello, vec![], 0, 10);
         assert!(matches!(l.take(0, 20), Take::Wait), "one first contact in flight is enough");
-        let a = l.on_ack(0, &ack(1, 7), 30);
+        let a = l.on_ack(0, &ack(1, 7), 30, 0);
         assert_eq!((a.confirmed, a.restarted, a.recovered), (Some(vec![]), Some(7), false));
         l.start_full(0, 7, ["x", "y", "z"]);
         l.push(0, "q");
@@ -658,27 +748,28 @@ mod tests {
         assert_eq!((c.keys.as_slice(), c.full), (&["z"][..], true), "the transfer goes before the queue");
         l.sent(0, c, vec![], 1, 40);
         assert!(matches!(l.take(0, 40), Take::Wait), "two in flight at most");
-        assert!(l.on_ack(0, &ack(2, 7), 50).restarted.is_none());
+        assert!(l.on_ack(0, &ack(2, 7), 50, 0).restarted.is_none());
         let d = batch(l.take(0, 50));
         assert_eq!((d.keys.as_slice(), d.full, d.complete), (&["q"][..], false, false), "no end marker while keys fly");
         l.sent(0, d, vec![], 1, 50);
-        l.on_ack(0, &ack(3, 7), 60);
-        l.on_ack(0, &ack(4, 7), 60);
+        l.on_ack(0, &ack(3, 7), 60, 0);
+        l.on_ack(0, &ack(4, 7), 60, 0);
         let e = batch(l.take(0, 70));
         assert!(e.complete && e.keys.is_empty(), "{e:?}");
         l.sent(0, e, vec![], 0, 70);
         assert_eq!(l.stats(0).queued, 0);
-        l.on_ack(0, &ack(5, 7), 80);
+        l.on_ack(0, &ack(5, 7), 80, 0);
         assert!(l.lock(0).full.is_none(), "the transfer is done once its end is acknowledged");
         assert!(matches!(l.take(0, 90), Take::Wait));
-        assert!(matches!(l.take(0, 80 + 1_000_000), Take::Batch(_)), "a heartbeat once a second");
+        assert!(matches!(l.take(0, 70 + 99_999), Take::Wait));
+        assert!(matches!(l.take(0, 70 + 100_000), Take::Batch(_)), "a heartbeat every interval");
     }
 
     #[test]
     fn an_unacknowledged_batch_expires_after_an_interval_and_two_round_trips() {
         let l = links(1);
         l.sent(0, batch(l.take(0, 0)), vec![], 0, 0);
-        l.on_ack(0, &ack(1, 7), 1_000);
+        l.on_ack(0, &ack(1, 7), 1_000, 0);
         assert_eq!(l.stats(0).srtt_us, 1_000);
         l.push(0, "k");
         let b = batch(l.take(0, 10_000));
@@ -689,7 +780,7 @@ mod tests {
         let r = l.expire(0, 10_000 + 102_000);
         assert_eq!((r.keys, r.started_failing), (vec!["k"], true));
         assert!(!l.expire(0, 500_000).started_failing);
-        let a = l.on_ack(0, &ack(2, 7), 500_000);
+        let a = l.on_ack(0, &ack(2, 7), 500_000, 0);
         assert!(a.confirmed.is_none(), "an expired batch's late acknowledgement confirms nothing");
         assert!(a.recovered);
         assert_eq!(l.stats(0).failures, 1);
@@ -721,8 +812,8 @@ mod tests {
         assert_eq!(l.stats(0).dropped, 1);
         l.sent(0, batch(l.take(0, 0)), vec![], 2, 0);
         l.sent(0, batch(l.take(0, 0)), vec![], 1, 0);
-        l.on_ack(0, &ack(1, 7), 1);
-        l.on_ack(0, &ack(2, 7), 1);
+        l.on_ack(0, &ack(1, 7), 1, 0);
+        l.on_ack(0, &ack(2, 7), 1, 0);
         let l2 = &l;
         l2.lock(0).full = None;
         match l.take(0, 2) {
@@ -736,6 +827,21 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_incarnations_acknowledgement_confirms_and_records_nothing() {
+        let l = links(1);
+        l.push(0, "k");
+        l.sent(0, batch(l.take(0, 0)), vec!["k"], 1, 0);
+        assert!(!l.recorded_by_all());
+        let stale = Ack { region: "p0".into(), incarnation: 7, seq: 1, for_incarnation: 41 };
+        let a = l.on_ack(0, &stale, 10, 42);
+        assert!(a.confirmed.is_none() && a.restarted.is_none());
+        assert!(!l.recorded_by_all(), "the peer has not recorded incarnation 42");
+        let a = l.on_ack(0, &Ack { for_incarnation: 42, ..stale }, 10, 42);
+        assert_eq!(a.confirmed, Some(vec!["k"]));
+        assert!(l.recorded_by_all());
+    }
+
+    #[test]
     fn warming_ends_when_every_peer_has_sent_its_state() {
         let l = links(2);
         assert!(l.warming());
@@ -746,9 +852,15 @@ mod tests {
         l.set_complete(1, false);
         assert!(l.warming());
         assert!(!links(0).warming());
-        assert!(!l.received(0, 5, 3, 9));
-        assert!(l.received(0, 6, 0, 10), "a new incarnation in the sender's batch");
+        let r = l.received(0, 5, 3, 9);
+        assert!(!r.sender_restarted);
+        assert_eq!(r.restarted, Some(5), "first word from the peer: it gets the full state");
+        let r = l.received(0, 6, 0, 10);
+        assert!(r.sender_restarted, "a new incarnation in the sender's batch");
+        assert_eq!(r.restarted, Some(6));
+        assert_eq!(l.received(0, 6, 0, 11).restarted, None);
+        assert!(l.on_ack(0, &ack(1, 6), 12, 0).restarted.is_none(), "known already from its batch");
         let s = l.stats(0);
-        assert_eq!((s.batches_received, s.items_received, s.last_received_us), (2, 3, 10));
+        assert_eq!((s.batches_received, s.items_received, s.last_received_us), (3, 3, 11));
     }
 }

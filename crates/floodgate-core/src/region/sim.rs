@@ -122,11 +122,30 @@ pub enum Pattern {
     /// then the second region asks for the whole limit at once; the first
     /// region's waiting hits are all it can over-admit by beyond staleness.
     Trickle,
+    /// Steady load, and the last region crashes [`Spec::crashes`] times in
+    /// every window after the first: each time it takes its slice (a
+    /// burst of single hits, or 2 hits for an eventual rule) and dies at
+    /// once with its state lost, and comes back at once as a new
+    /// incarnation. What it admitted and no peer acknowledged dies with it.
+    Crashloop,
+    /// The second and the last region cut off from each other; every
+    /// region takes 10 hits; the last region dies while still cut off; the
+    /// cut heals; the last region comes back with its state lost. Every
+    /// region must then agree (the dead incarnation's hits reach the second
+    /// region through the others).
+    PartitionCrash,
+    /// Load on the first region for a quarter window; the last region then
+    /// takes a key's first hits (its slice, or 2) and its instance dies right after,
+    /// before its next batch, with the region's state kept (a Redis
+    /// region's Redis keeps it): its queues and what it knew of its peers
+    /// are lost. Every region must still learn those hits, and the last
+    /// region must admit again.
+    InstanceCrash,
 }
 
 impl Pattern {
     /// Every pattern, in report order.
-    pub const ALL: [Pattern; 11] = [
+    pub const ALL: [Pattern; 14] = [
         Pattern::Steady,
         Pattern::Burst,
         Pattern::RoundRobin,
@@ -138,6 +157,9 @@ impl Pattern {
         Pattern::Restart,
         Pattern::Skew,
         Pattern::Trickle,
+        Pattern::Crashloop,
+        Pattern::PartitionCrash,
+        Pattern::InstanceCrash,
     ];
 
     /// The pattern's name.
@@ -154,6 +176,9 @@ impl Pattern {
             Pattern::Restart => "restart",
             Pattern::Skew => "skew",
             Pattern::Trickle => "trickle",
+            Pattern::Crashloop => "crashloop",
+            Pattern::PartitionCrash => "partition-crash",
+            Pattern::InstanceCrash => "instance-crash",
         }
     }
 
@@ -203,6 +228,8 @@ pub struct Spec {
     pub seed: u64,
     /// A trace to replay instead of the pattern.
     pub trace: Option<Vec<Req>>,
+    /// Crashloop: crashes per window (default 5).
+    pub crashes: u32,
 }
 
 impl Spec {
@@ -222,6 +249,7 @@ impl Spec {
             keys: 1,
             seed,
             trace: None,
+            crashes: 5,
         }
     }
 
@@ -240,15 +268,65 @@ impl Spec {
     }
 
     /// The partition (from, to), µs after the start: the first region cut
-    /// off for 1.5 windows, healed a quarter into the second window.
+    /// off for 1.5 windows, healed a quarter into the second window;
+    /// partition-crash: the second and the last region cut from each other
+    /// for half a window from an eighth in.
     fn partition(&self) -> Option<(u64, u64)> {
         let w = self.limit.window_us();
-        (self.pattern == Pattern::Partition).then_some((w / 4, w / 4 + 3 * w / 2))
+        match self.pattern {
+            Pattern::Partition => Some((w / 4, w / 4 + 3 * w / 2)),
+            Pattern::PartitionCrash => Some((w / 8, w / 8 + w / 2)),
+            _ => None,
+        }
     }
 
-    /// When the first region restarts.
-    fn restart_at(&self) -> Option<u64> {
-        (self.pattern == Pattern::Restart).then_some(self.limit.window_us() * 3 / 2)
+    /// Whether the link between regions `a` and `b` is cut at `t`.
+    fn cut(&self, t: u64, a: usize, b: usize) -> bool {
+        let Some((from, to)) = self.partition() else { return false };
+        if t < from || t >= to {
+            return false;
+        }
+        let last = self.regions() - 1;
+        match self.pattern {
+            Pattern::PartitionCrash => (a.min(b), a.max(b)) == (1.min(last), last),
+            _ => (a == 0) != (b == 0),
+        }
+    }
+
+    /// What happens to regions, by time: `(at, event, region)`.
+    fn region_events(&self) -> Vec<(u64, Life, usize)> {
+        let w = self.limit.window_us();
+        let last = self.regions() - 1;
+        match self.pattern {
+            Pattern::Restart => vec![(w * 3 / 2, Life::Restart, 0)],
+            Pattern::Crashloop => self.crash_times().into_iter().map(|t| (t, Life::Restart, last)).collect(),
+            Pattern::PartitionCrash => {
+                let (from, heal) = self.partition().unwrap_or((0, w));
+                vec![(from + w / 4, Life::Down, last), (heal + w / 16, Life::Restart, last)]
+            }
+            Pattern::InstanceCrash => vec![(w / 4 + 1_000, Life::Instance, last)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Crashloop: when the last region crashes ([`Spec::crashes`] times in
+    /// every window but the first, evenly spread).
+    fn crash_times(&self) -> Vec<u64> {
+        let w = self.limit.window_us();
+        let k = u64::from(self.crashes.max(1));
+        (1..self.windows.max(2)).flat_map(|win| (0..k).map(move |i| win * w + (2 * i + 1) * w / (2 * k))).collect()
+    }
+
+    /// What a region takes in a burst before it dies (crashloop,
+    /// instance-crash): a bounded rule's slice, else 2 hits.
+    pub fn burst_before_crash(&self) -> u64 {
+        match self.mode {
+            SyncMode::Bounded { overshoot_ppm } => {
+                let capacity = if is_gcra(&self.limit) { self.limit.burst() } else { self.limit.limit() };
+                slice(overshoot_ppm, capacity, self.regions()).max(1)
+            }
+            SyncMode::Eventual => 2,
+        }
     }
 
     /// The requests of the pattern, by time.
@@ -291,11 +369,49 @@ impl Spec {
             };
         let per_us = self.offered * limit as f64 / w as f64;
         match self.pattern {
-            Pattern::Steady | Pattern::Tiny | Pattern::ManyKeys | Pattern::Restart | Pattern::Skew | Pattern::Heavy => {
+            Pattern::Steady
+            | Pattern::Tiny
+            | Pattern::ManyKeys
+            | Pattern::Restart
+            | Pattern::Skew
+            | Pattern::Heavy
+            | Pattern::Crashloop => {
                 let heavy = self.pattern == Pattern::Heavy;
                 let per_us = if heavy { per_us / (heavy_max as f64 / 2.0 + 0.5) } else { per_us };
                 for r in 0..n {
                     poisson(&mut out, &mut rng, r, per_us * share(r) * f64::from(keys), 0, end, heavy);
+                }
+                if self.pattern == Pattern::Crashloop {
+                    let burst = self.burst_before_crash();
+                    for t in self.crash_times() {
+                        for i in 0..burst {
+                            // Spread over the last millisecond of its life.
+                            let at = t - 1_000 + i * 1_000 / burst;
+                            out.push(Req { at_us: at, region: n - 1, key: 0, hits: 1 });
+                        }
+                    }
+                }
+            }
+            Pattern::PartitionCrash => {
+                let (from, _) = self.partition().unwrap_or((0, w));
+                for r in 0..n {
+                    for i in 0..10 {
+                        out.push(Req { at_us: from + 10_000 + i * 1_000 + r as u64, region: r, key: 0, hits: 1 });
+                    }
+                }
+            }
+            Pattern::InstanceCrash => {
+                // The first region's load stops as the last region takes
+                // its hits, so agreement can be measured.
+                poisson(&mut out, &mut rng, 0, per_us * share(0), 0, w / 4, false);
+                let burst = self.burst_before_crash();
+                for i in 0..burst {
+                    out.push(Req { at_us: w / 4 + i * 500 / burst, region: n - 1, key: 0, hits: 1 });
+                }
+                // Afterwards, the last region asks now and then: once the
+                // dead instance's hits are acknowledged it admits again.
+                for i in 1..(2 * self.windows.max(1)) {
+                    out.push(Req { at_us: w / 4 + i * w / 2, region: n - 1, key: 0, hits: 1 });
                 }
             }
             Pattern::Partition => {
@@ -386,8 +502,10 @@ pub struct Report {
     pub staleness: f64,
     /// Partition: time from the heal until every region agrees, µs.
     pub convergence_us: Option<u64>,
-    /// The bound it is held to: 2 × (interval + largest latency + jitter)
-    /// + ⌈dirty keys / batch⌉ × interval.
+    /// The bound it is held to: after a heal, 2 × (interval + largest
+    /// latency + jitter) plus ⌈dirty keys / batch⌉ × interval; after a
+    /// region's (or an instance's) return, 3 × rather than 2 × (its first
+    /// word, a peer's full state and a relay).
     pub convergence_bound_us: u64,
     /// Shift (bounded): sync rounds after the shift until the admission
     /// rate is back to ≥ 90% of limit / window.
@@ -410,7 +528,20 @@ enum Event {
     Tick(usize),
     Batch { to: usize, batch: Batch },
     Ack { to: usize, from: usize, ack: Ack },
-    Restart(usize),
+    Region(Life, usize),
+}
+
+/// What happens to a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// Dies with its state lost and is back at once, a new incarnation.
+    Restart,
+    /// Dies with its state lost and stays down (messages to it are lost,
+    /// requests to it denied) until a `Restart`.
+    Down,
+    /// Its instance dies and is back at once with the region's state
+    /// kept: what it knew of its links is lost.
+    Instance,
 }
 
 struct Queue {
@@ -464,12 +595,12 @@ pub fn run(spec: &Spec) -> Report {
         // Ticks start at a random phase per region.
         q.push(rng.below(spec.interval_us), Event::Tick(r));
     }
-    if let Some(at) = spec.restart_at() {
-        q.push(at, Event::Restart(0));
+    for (at, life, r) in spec.region_events() {
+        q.push(at, Event::Region(life, r));
     }
     let partition = spec.partition();
-    let cut =
-        |t: u64, a: usize, b: usize| partition.is_some_and(|(from, to)| t >= from && t < to && (a == 0) != (b == 0));
+    let cut = |t: u64, a: usize, b: usize| spec.cut(t, a, b);
+    let mut down = vec![false; n];
 
     // Admitted hits per (key, region-labelled slot) and per (key, true
     // window) of the exact store, and GCRA admissions for the interval cap.
@@ -505,7 +636,12 @@ pub fn run(spec: &Spec) -> Report {
         }
         q.push(t + first, e);
     };
-    let heal = partition.map(|(_, to)| to);
+    // Convergence is measured from the heal (partition), from the dead
+    // region's return (partition-crash), or from the instance's death.
+    let heal = match spec.pattern {
+        Pattern::PartitionCrash | Pattern::InstanceCrash => spec.region_events().last().map(|e| e.0),
+        _ => partition.map(|(_, to)| to),
+    };
     let mut converged: Option<u64> = None;
     let mut shift_rounds: Vec<u64> = Vec::new();
     while let Some((t, e)) = q.pop() {
@@ -516,7 +652,11 @@ pub fn run(spec: &Spec) -> Report {
             Event::Request(i) => {
                 let req = trace[i];
                 let key = &keys[req.key as usize];
-                let d = tables[req.region].apply(key, &spec.limit, spec.mode, req.hits, clock(req.region, t));
+                let d = if down[req.region] {
+                    Err(crate::StoreError::Unavailable("down".into()))
+                } else {
+                    tables[req.region].apply(key, &spec.limit, spec.mode, req.hits, clock(req.region, t))
+                };
                 if d.is_ok_and(|d| d.allowed) && req.hits > 0 {
                     report.admitted += req.hits;
                     report.by_region[req.region] += req.hits;
@@ -537,6 +677,7 @@ pub fn run(spec: &Spec) -> Report {
                     exact_log.push((t, req.key, req.hits));
                 }
             }
+            Event::Tick(r) if down[r] => q.push(t + spec.interval_us, Event::Tick(r)),
             Event::Tick(r) => {
                 let now = clock(r, t);
                 for p in 0..n - 1 {
@@ -557,6 +698,7 @@ pub fn run(spec: &Spec) -> Report {
                 if let Some(h) = heal
                     && t >= h
                     && converged.is_none()
+                    && !down.contains(&true)
                     && keys.iter().all(|k| {
                         let v0 = tables[0].view(k, clock(0, t));
                         (1..n).all(|o| tables[o].view(k, clock(o, t)) == v0)
@@ -566,6 +708,7 @@ pub fn run(spec: &Spec) -> Report {
                 }
                 q.push(t + spec.interval_us, Event::Tick(r));
             }
+            Event::Batch { to, .. } | Event::Ack { to, .. } if down[to] => report.lost += 1,
             Event::Batch { to, batch } => {
                 let from = spec.wan.names.iter().position(|x| *x == batch.from).unwrap_or(0);
                 let receipt = tables[to].receive(&batch, clock(to, t));
@@ -576,10 +719,13 @@ pub fn run(spec: &Spec) -> Report {
                     tables[to].on_ack(p, &ack, clock(to, t));
                 }
             }
-            Event::Restart(r) => {
+            Event::Region(Life::Restart, r) => {
                 restarts += 1;
                 tables[r] = table(spec, r, 1_000_000 + restarts + (spec.seed << 8));
+                down[r] = false;
             }
+            Event::Region(Life::Down, r) => down[r] = true,
+            Event::Region(Life::Instance, r) => tables[r].restart_instance(),
         }
     }
     if is_gcra(&spec.limit) {
@@ -633,8 +779,12 @@ pub fn run(spec: &Spec) -> Report {
         report.convergence_us = converged;
         let dirty = keys.len() as u64;
         let batches = dirty.div_ceil(spec.batch_items.max(1) as u64);
+        // After a heal: a batch each way. After a region's return (or its
+        // instance's): its first word to a peer, that peer's full state
+        // back, and a relay on to the others.
+        let hops = if spec.pattern == Pattern::Partition { 2 } else { 3 };
         report.convergence_bound_us =
-            2 * (spec.interval_us + spec.wan.max_latency_us() + spec.wan.jitter_us) + batches * spec.interval_us;
+            hops * (spec.interval_us + spec.wan.max_latency_us() + spec.wan.jitter_us) + batches * spec.interval_us;
         let _ = h;
     }
     report

@@ -6,10 +6,11 @@
 //! simulator's network) moves the [`Batch`]es and [`Ack`]s.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::region::entry::{Caps, Entry, Send, shape_of};
+use crate::region::incarnations::{Incarnation, Incarnations};
 use crate::region::link::{Requeue, Take};
 use crate::region::wire::{Ack, Batch, Component, Item};
 use crate::region::{
@@ -64,6 +65,17 @@ pub struct GlobalTable {
     links: Links<VecDeque<OwnedKey>, Vec<(OwnedKey, u64, u64)>>,
     /// Keys whose own hits wait for the lazy period, and failing links.
     lazy: Lazy<OwnedKey>,
+    /// Every region's incarnations, and what the dead ones cost.
+    incarnations: Incarnations,
+    /// A later incarnation of this region exists: bounded rules admit
+    /// nothing here (logged by the caller).
+    superseded: AtomicBool,
+    /// The longest span a bounded decision counts (µs): how long a dead
+    /// incarnation is remembered.
+    bounded_span_us: AtomicU64,
+    /// When this table first decided (µs; 0: not yet): the warm-up wait
+    /// counts from it.
+    started_us: AtomicU64,
     /// The limits entries share (see [`GlobalTable::shared`]).
     limits: Mutex<std::collections::HashSet<Arc<Limit>>>,
     merges: AtomicU64,
@@ -118,6 +130,10 @@ impl GlobalTable {
             hasher: hash_state(cfg.hash_seed, 0),
             links,
             lazy: Lazy::new(cfg.lazy_us),
+            incarnations: Incarnations::new(cfg.incarnation),
+            superseded: AtomicBool::new(false),
+            bounded_span_us: AtomicU64::new(0),
+            started_us: AtomicU64::new(0),
             limits: Mutex::new(std::collections::HashSet::new()),
             cfg,
             merges: AtomicU64::new(0),
@@ -155,17 +171,51 @@ impl GlobalTable {
         self.links.warming()
     }
 
+    /// Whether no peer's full state has arrived yet: eventual rules admit
+    /// nothing until one does, or the warm-up wait is over.
+    pub fn cold(&self) -> bool {
+        self.links.warming() && !self.links.heard_full()
+    }
+
+    /// What a region whose state outlives its instance (a Redis region)
+    /// goes through when its instance dies: the state stays, every link
+    /// forgets what it had queued and sent, and no key is queued or waits
+    /// for the lazy period. (The simulator's `instance-crash`.)
+    pub fn restart_instance(&self) {
+        for _ in 0..self.links.forget() {
+            self.lazy.link_failing(false);
+        }
+        let _ = self.lazy.due(u64::MAX);
+        for shard in self.shards.iter() {
+            for e in lock(shard).values_mut() {
+                e.queued = 0;
+                e.lazy = false;
+                e.unsent = 0;
+            }
+        }
+    }
+
     fn shard(&self, key: &[u8]) -> &Shard {
         let h = std::hash::BuildHasher::hash_one(&self.hasher, key);
         &self.shards[(h as usize) % self.shards.len()]
     }
 
-    fn caps(&self) -> Caps {
+    fn caps(&self, now: u64) -> Caps {
+        let warming = self.warming();
+        let cold = warming && !self.links.heard_full() && {
+            let started = match self.started_us.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => now,
+                Err(t) => t,
+            };
+            now < started.saturating_add(self.cfg.warmup_us)
+        };
         Caps {
             regions: self.regions(),
-            warming: self.warming(),
+            warming,
+            cold,
             retry_us: self.cfg.retry_hint_us,
             eager: self.lazy.eager(),
+            closed: !self.links.recorded_by_all() || self.superseded.load(Ordering::Relaxed),
         }
     }
 
@@ -180,11 +230,18 @@ impl GlobalTable {
             ));
         };
         let peers = self.links.len();
-        let caps = self.caps();
+        let caps = self.caps(now);
+        if matches!(mode, SyncMode::Bounded { .. }) {
+            // How long a dead incarnation must be remembered.
+            let span = shape.slot_us().saturating_mul(shape.horizon());
+            if span > self.bounded_span_us.load(Ordering::Relaxed) {
+                self.bounded_span_us.fetch_max(span, Ordering::Relaxed);
+            }
+        }
         let mut shard = lock(self.shard(key.as_bytes()));
         let decide = |entry: &mut Entry| {
             entry.set_rule(limit, mode, shape, peers, || self.shared(limit));
-            let (d, send) = entry.decide(limit, now, hits, peers, caps);
+            let (d, send) = entry.decide(limit, now, hits, peers, caps, &self.incarnations);
             match send {
                 Send::Now => self.queue_for_peers(entry, || OwnedKey::new(key)),
                 Send::Later if !entry.lazy => {
@@ -228,17 +285,29 @@ impl GlobalTable {
         l
     }
 
+    /// Every peer's bit.
+    fn all_peers(&self) -> u64 {
+        if self.links.len() == 64 { u64::MAX } else { (1u64 << self.links.len()) - 1 }
+    }
+
     /// Queue `entry`'s key (`name` makes it) for every peer it is not
-    /// queued for yet (under its shard's lock).
+    /// queued for yet (under its shard's lock): its own hits go now.
     fn queue_for_peers(&self, entry: &mut Entry, name: impl FnOnce() -> OwnedKey) {
-        let all = if self.links.len() == 64 { u64::MAX } else { (1u64 << self.links.len()) - 1 };
-        let missing = all & !entry.queued;
+        if self.all_peers() & !entry.queued == 0 {
+            return;
+        }
+        entry.unsent = 0;
+        entry.lazy = false;
+        self.queue_for(entry, self.all_peers(), name);
+    }
+
+    /// Queue `entry`'s key for the peers in `mask` it is not queued for yet.
+    fn queue_for(&self, entry: &mut Entry, mask: u64, name: impl FnOnce() -> OwnedKey) {
+        let missing = mask & !entry.queued;
         if missing == 0 {
             return;
         }
         let name = name();
-        entry.unsent = 0;
-        entry.lazy = false;
         entry.queued |= missing;
         for p in 0..self.links.len() {
             if missing & (1 << p) != 0 && !self.links.push(p, name.clone()) {
@@ -289,13 +358,22 @@ impl GlobalTable {
         let peers = self.links.len();
         let sender = self.names.read().unwrap_or_else(PoisonError::into_inner).index.get(batch.from.as_str()).copied();
         let mut receipt = Receipt {
-            ack: Ack { region: self.region.to_string(), incarnation: self.incarnation, seq: batch.seq },
+            ack: Ack {
+                region: self.region.to_string(),
+                incarnation: self.incarnation,
+                seq: batch.seq,
+                for_incarnation: batch.from_incarnation,
+            },
             ..Receipt::default()
         };
         match sender.filter(|&i| i > 0) {
             Some(i) => {
                 let p = usize::from(i) - 1;
-                receipt.sender_restarted = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
+                let heard = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
+                receipt.sender_restarted = heard.sender_restarted;
+                if let Some(incarnation) = heard.restarted {
+                    self.start_full(p, incarnation);
+                }
                 if batch.complete && batch.to_incarnation == self.incarnation {
                     self.links.set_complete(p, true);
                 }
@@ -307,6 +385,23 @@ impl GlobalTable {
         }
         let mut mismatches = 0u64;
         let names: Vec<u16> = batch.regions.iter().map(|n| self.intern(n)).collect();
+        // A component the sender relays (not its own current one) that
+        // raises ours goes on to every other peer: a dead incarnation's last
+        // usage then reaches every region that missed it.
+        let sender = self.intern(&batch.from);
+        let relay_to = match usize::from(sender).checked_sub(1).filter(|&p| p < peers) {
+            Some(p) => self.all_peers() & !(1 << p),
+            None => self.all_peers(),
+        };
+        // Incarnations: the sender's own, its record's, and those of the
+        // components below.
+        self.incarnations.learn(u32::from(sender), batch.from_incarnation, now);
+        for rec in &batch.incarnations {
+            if let Some(&region) = names.get(rec.region as usize) {
+                self.incarnations.merge(Incarnation { region: u32::from(region), ..*rec }, now);
+            }
+        }
+        let mut seen: Vec<(u16, u64)> = Vec::new();
         for item in &batch.items {
             let mut shard = lock(self.shard(item.key.as_bytes()));
             if !shard.contains_key(item.key.as_bytes()) {
@@ -325,25 +420,47 @@ impl GlobalTable {
                 receipt.mismatch.get_or_insert_with(|| (item.key.clone(), 0));
             }
             entry.shape.get_or_insert(item.shape);
+            let mut relay = false;
             for c in &item.components {
                 let Some(&region) = names.get(c.region as usize) else { continue };
                 if region == 0 && c.incarnation == self.incarnation {
                     continue; // our own current component: ours is the truth
+                }
+                if !seen.contains(&(region, c.incarnation)) {
+                    seen.push((region, c.incarnation));
                 }
                 let cur = entry.current_slot(now).unwrap_or(0);
                 if c.slot.saturating_add(item.shape.horizon()) <= cur {
                     self.stale.fetch_add(1, Ordering::Relaxed);
                 } else if entry.merge(region, c.incarnation, c.slot, c.count, now, peers) {
                     self.merges.fetch_add(1, Ordering::Relaxed);
+                    relay |= region != sender || c.incarnation != batch.from_incarnation;
                 } else {
                     self.unchanged.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            if relay && relay_to != 0 {
+                entry.relay |= relay_to;
+                self.queue_for(entry, relay_to, || OwnedKey::new(&item.key));
+            }
+        }
+        for (region, incarnation) in seen {
+            self.incarnations.learn(u32::from(region), incarnation, now);
+        }
+        if self.incarnations.superseded(self.incarnation) {
+            self.superseded.store(true, Ordering::Relaxed);
         }
         if let Some(m) = &mut receipt.mismatch {
             m.1 = mismatches;
         }
         receipt
+    }
+
+    /// Whether a later incarnation of this region is known (its clock
+    /// stepped back across a restart, or two processes claim the region):
+    /// bounded rules admit nothing here until it restarts.
+    pub fn superseded(&self) -> bool {
+        self.superseded.load(Ordering::Relaxed)
     }
 
     fn intern(&self, name: &str) -> u16 {
@@ -377,6 +494,7 @@ impl GlobalTable {
             seq: head.seq,
             items,
             complete: head.complete,
+            incarnations: head.incarnations,
         })
     }
 
@@ -406,14 +524,17 @@ impl GlobalTable {
         for key in &plan.keys {
             let mut shard = lock(self.shard(key.as_bytes()));
             let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
+            // Every component: in a full transfer, or relayed.
+            let all = full || entry.relay & (1 << p) != 0;
             if !full {
                 entry.queued &= !(1 << p);
             }
+            entry.relay &= !(1 << p);
             entry.prune(now);
             let (Some(shape), Some(rule)) = (entry.shape, entry.rule.as_ref()) else {
-                // Only peers' counts, no rule here yet: a full transfer
-                // relays them with a zero fingerprint.
-                if full && let Some(shape) = entry.shape {
+                // Only peers' counts, no rule here yet: a full transfer (or
+                // a relay) sends them with a zero fingerprint.
+                if all && let Some(shape) = entry.shape {
                     components.clear();
                     components.extend(entry.slots.iter().flat_map(|s| {
                         s.comps.iter().map(|c| Component {
@@ -439,7 +560,7 @@ impl GlobalTable {
                         sent.push((key.clone(), s.id, s.own));
                     }
                 }
-                if full {
+                if all {
                     for c in &s.comps {
                         components.push(Component {
                             region: u32::from(c.region),
@@ -453,6 +574,9 @@ impl GlobalTable {
             sink.item(key.as_str(), rule.fingerprint, shape, &components);
             items += 1;
         }
+        // A full state transfer carries the record of incarnations (the
+        // names' indices are the batch's regions).
+        let incarnations = if full || plan.complete { self.incarnations.records() } else { Vec::new() };
         let head = BatchHead {
             from: self.region.to_string(),
             regions,
@@ -461,6 +585,7 @@ impl GlobalTable {
             seq: plan.seq,
             items,
             complete: plan.complete,
+            incarnations,
         };
         self.links.sent(p, plan, sent, items, now);
         Some(head)
@@ -492,6 +617,9 @@ impl GlobalTable {
         for key in lost.keys {
             let mut shard = lock(self.shard(key.as_bytes()));
             let Some(entry) = shard.get_mut(key.as_bytes()) else { continue };
+            // The lost batch may have relayed others' components: all go
+            // again.
+            entry.relay |= 1 << p;
             if entry.queued & (1 << p) == 0 {
                 entry.queued |= 1 << p;
                 drop(shard);
@@ -522,7 +650,7 @@ impl GlobalTable {
     /// peer (it restarted with its state lost, or this is the first word
     /// from it) starts a full state transfer to it.
     pub fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let acked = self.links.on_ack(p, ack, now);
+        let acked = self.links.on_ack(p, ack, now, self.incarnation);
         if acked.recovered {
             self.link_failing(false);
         }
@@ -548,6 +676,10 @@ impl GlobalTable {
     /// Drop what no longer matters at `now`: slots past their horizon,
     /// keys with nothing left. Returns the keys held.
     pub fn sweep(&self, now: u64) -> usize {
+        // A dead incarnation whose span ended before anything a bounded
+        // decision counts now is charged no more.
+        let keep = self.bounded_span_us.load(Ordering::Relaxed).saturating_mul(2).max(3_600_000_000);
+        self.incarnations.prune(now.saturating_sub(keep));
         let mut held = 0;
         for shard in self.shards.iter() {
             let mut s = lock(shard);

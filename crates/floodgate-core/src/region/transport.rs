@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use crate::StoreError;
-use crate::region::wire::{Ack, Batch, Component, Shape};
+use crate::region::wire::{Ack, Batch, Component, Incarnation, Shape};
 
 /// A region's side of the sync.
 pub trait Region: Send + Sync + 'static {
@@ -114,4 +114,6 @@ pub struct BatchHead {
     pub items: u64,
     /// The full state transfer is complete with this batch.
     pub complete: bool,
+    /// The sender's record of incarnations (with a full state transfer).
+    pub incarnations: Vec<Incarnation>,
 }

@@ -6,6 +6,8 @@
 //! keeps the largest it has seen. A lost batch is healed by the next one; a
 //! duplicated, replayed or reordered one changes nothing.
 
+pub use crate::region::incarnations::Incarnation;
+
 /// One region's count for one key in one slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Component {
@@ -100,6 +102,9 @@ pub struct Batch {
     /// restarted region admits beyond its slice only once every peer has
     /// sent it this.
     pub complete: bool,
+    /// The sender's record of incarnations (sent with a full state
+    /// transfer): what a restarted region must charge for the dead ones.
+    pub incarnations: Vec<Incarnation>,
 }
 
 /// The receiver's answer to a batch: every component in it is stored in
@@ -112,4 +117,8 @@ pub struct Ack {
     pub incarnation: u64,
     /// The batch acknowledged.
     pub seq: u64,
+    /// The incarnation of the batch's sender the batch came from (0: not
+    /// said, as by an older peer): an acknowledgement that reaches a later
+    /// incarnation of the sender (it restarted meanwhile) confirms nothing.
+    pub for_incarnation: u64,
 }

@@ -229,7 +229,10 @@ impl RedisRegion {
             return;
         }
         self.last_state_us.store(now, Ordering::Relaxed);
-        let fresh = now ^ std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), now) | 1;
+        // Later than the one this instance knew (a Redis that restarts
+        // empty is a later incarnation, whatever this clock says).
+        let fresh = floodgate_core::region::new_incarnation(now, std::process::id().into())
+            .max(self.incarnation.load(Ordering::Relaxed).saturating_add(1));
         let key = self.state_key();
         let mut set = redis::cmd("HSETNX");
         set.arg(&key).arg("inc").arg(fresh.to_string());
@@ -536,13 +539,14 @@ impl Region for RedisRegion {
             seq: plan.seq,
             items: items.len() as u64,
             complete: plan.complete,
+            incarnations: Vec::new(),
         };
         self.links.sent(p, plan, confirms, items.len() as u64, now);
         Some(head)
     }
 
     async fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let acked = self.links.on_ack(p, ack, now);
+        let acked = self.links.on_ack(p, ack, now, self.incarnation());
         if acked.recovered {
             self.link_failing(false);
         }
@@ -575,11 +579,22 @@ impl Region for RedisRegion {
             t.fingerprint_mismatches += stats.mismatched;
             t.unknown_senders += u64::from(!self.peers.contains(&batch.from));
         }
-        let mut receipt =
-            Receipt { ack: Ack { region: self.name.clone(), incarnation, seq: batch.seq }, ..Receipt::default() };
+        let mut receipt = Receipt {
+            ack: Ack {
+                region: self.name.clone(),
+                incarnation,
+                seq: batch.seq,
+                for_incarnation: batch.from_incarnation,
+            },
+            ..Receipt::default()
+        };
         match self.peers.iter().position(|p| *p == batch.from) {
             Some(p) => {
-                receipt.sender_restarted = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
+                let heard = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
+                receipt.sender_restarted = heard.sender_restarted;
+                if let Some(incarnation) = heard.restarted {
+                    self.full_state(p, incarnation).await;
+                }
             }
             None => receipt.unknown_sender = true,
         }

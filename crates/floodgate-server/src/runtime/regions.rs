@@ -34,6 +34,10 @@ pub struct RegionsConfig {
     /// The longest a key far below its limit waits before it is sent
     /// (`--sync-lazy`, default ten intervals; zero: never waits).
     pub lazy: Duration,
+    /// How long a region that knows nothing yet waits for a peer's full
+    /// state before it admits on eventual rules (`--sync-warmup`, default
+    /// 1 s; zero: its share at once).
+    pub warmup: Duration,
     /// The token every sync call carries and requires (`--sync-token`).
     pub token: Option<String>,
 }
@@ -85,9 +89,7 @@ pub struct Regions {
 
 /// A fresh incarnation: the memory store starts empty at every start.
 fn incarnation() -> u64 {
-    let t = SystemClock::new().now_us();
-    let r = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), (t, std::process::id()));
-    (t << 16) ^ r | 1
+    floodgate_core::region::new_incarnation(SystemClock::new().now_us(), std::process::id().into())
 }
 
 impl Regions {
@@ -99,6 +101,7 @@ impl Regions {
         cfg.interval_us = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
         cfg.retry_hint_us = 2 * cfg.interval_us;
         cfg.lazy_us = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
+        cfg.warmup_us = u64::try_from(config.warmup.as_micros()).unwrap_or(u64::MAX);
         cfg.ack_timeout_us = cfg.ack_timeout_us.max(2 * u64::try_from(config.timeout.as_micros()).unwrap_or(0));
         cfg.check().map_err(|e| format!("--region/--peers: {e}"))?;
         let link = floodgate_sync::LinkConfig {

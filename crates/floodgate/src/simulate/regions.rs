@@ -11,7 +11,7 @@ use floodgate_core::{Algorithm, AlgorithmKind, LeakyMode, Limit, parse_duration}
 use serde_json::json;
 
 use crate::cli::SimulateArgs;
-use crate::exit::Failure;
+use crate::exit::{DENIED, Failure};
 
 fn us(flag: &str, s: &str) -> Result<u64, Failure> {
     let d = parse_duration(s).map_err(|e| Failure::usage(format!("--{flag}: {e}")))?;
@@ -186,6 +186,7 @@ fn spec(args: &SimulateArgs) -> Result<Spec, Failure> {
         keys: r.keys.max(1),
         seed: r.seed,
         trace: None,
+        crashes: r.crashes,
     })
 }
 
@@ -198,7 +199,15 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     let text = if args.regions.json { json_of(&spec, &reports) } else { text_of(&spec, &reports) };
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| Failure::runtime(format!("writing stdout: {e}")))
+        .map_err(|e| Failure::runtime(format!("writing stdout: {e}")))?;
+    let broken = reports.iter().filter(|r| !r.cap_held).count();
+    if broken > 0 {
+        return Err(Failure::with_code(
+            DENIED,
+            format!("the bounded cap was broken in {broken} of {} seeds", reports.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn sum(reports: &[Report], f: impl Fn(&Report) -> u64) -> u64 {
@@ -257,8 +266,13 @@ fn text_of(spec: &Spec, reports: &[Report]) -> String {
         let worst = reports.iter().map(|r| r.convergence_us.unwrap_or(u64::MAX)).max().unwrap_or(0);
         let bound = reports[0].convergence_bound_us;
         let within = reports.iter().filter(|r| r.convergence_us.is_some_and(|c| c <= bound)).count();
+        let after = match spec.pattern {
+            Pattern::PartitionCrash => "after c's return",
+            Pattern::InstanceCrash => "after the death ",
+            _ => "after the heal ",
+        };
         t += &format!(
-            "after the heal  every region agrees within {} (bound {}), in {within} of {} seeds\n",
+            "{after} every region agrees within {} (bound {}), in {within} of {} seeds\n",
             if worst == u64::MAX { "never".to_owned() } else { format!("{} ms", worst.div_ceil(1_000)) },
             format_args!("{} ms", bound / 1_000),
             reports.len()
