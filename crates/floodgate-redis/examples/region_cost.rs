@@ -9,7 +9,6 @@
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use floodgate_core::region::{Scope, SyncMode};
@@ -48,8 +47,7 @@ async fn main() {
             let mut c = RedisConfig::new(server.url().parse().unwrap());
             c.key_prefix = format!("r{}:", u8::from(global)); // round 1: every key known
             let store = Arc::new(if global {
-                let ctx = RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 };
-                RedisStore::regional(c, ctx).unwrap()
+                RedisStore::regional(c, RegionCtx::new(3, 200_000)).unwrap()
             } else {
                 RedisStore::new(c).unwrap()
             });

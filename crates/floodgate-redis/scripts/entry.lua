@@ -114,7 +114,11 @@ local function check(a, i)
 end
 
 -- Check i's scope: nil for a regional check, else its global spec
--- {U, H, S, P, W, R}, its fingerprint, its algorithm code and its G:x.
+-- {U, H, S, P, W, R, C, Z, D}, its fingerprint, its algorithm code and its
+-- G:x. C: hits dead incarnations may have taken (window algorithms); Z: 1
+-- to admit nothing beyond the algorithm (bounded: not every peer has
+-- recorded this region's incarnation; eventual: cold); D: the GCRA
+-- family's crash debts, "<dead us>:<hits>,..." ('' for none).
 -- Parsed once per distinct spec per call (a batch's checks mostly share
 -- a few rules).
 local specs = {}
@@ -124,9 +128,13 @@ local function scope(a, i)
   local text = ARGV[b + 7]
   local sp = specs[text]
   if sp == nil then
-    local u, h, sl, pe, wa, re, fp = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    local u, h, sl, pe, wa, re, fp, ch, cl, de =
+      string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?([%d:,]*)$')
     sp = false
-    if u then sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re) }, fp } end
+    if u then
+      sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
+        tonumber(cl), de }, fp }
+    end
     specs[text] = sp
   end
   if not sp then return nil end
@@ -182,6 +190,15 @@ while a <= #ARGV do
         if gcra or raw[x] then
           REMOTE = gmeta(x, key, code, l, w, p, fp, spec[1], spec[2], now)
         end
+        if spec[7] > 0 and not gcra then
+          -- Dead incarnations' possible hits count in the current slot.
+          local t = {}
+          if REMOTE then for s, v in pairs(REMOTE) do t[s] = v end end
+          local cur = divmod(now, spec[1])
+          t[cur] = (t[cur] or 0) + spec[7]
+          REMOTE = t
+        end
+        if gcra and spec[9] ~= '' then gdebts(key, l, w, spec[9]) end
         -- The GCRA state as it was: a capped request leaves it exactly so
         -- (a refund would leave a tat clamped up to now).
         local before = nil
@@ -191,7 +208,7 @@ while a <= #ARGV do
         end
         allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
         REMOTE = nil
-        if allowed and hits > 0 and (gcra or spec[3] > 0 or spec[5] > 0) then
+        if allowed and hits > 0 and (gcra or spec[3] > 0 or spec[5] > 0 or spec[8] == 1) then
           local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before)
           if left then
             allowed, retry, delay = false, capped_retry, 0

@@ -152,6 +152,22 @@ local function gcra_debt(key, l, w, hits, at)
   put(key, ttl, us, rem)
 end
 
+-- A GCRA key's crash debts (spec D: "<dead us>:<hits>,..."): each poured
+-- once, dated at the death; G:m's field d is the latest death poured.
+local function gdebts(key, l, w, debts)
+  local m = gbase(key) .. ':m'
+  local seen = tonumber(redis.call('HGET', m, 'd')) or 0
+  local last = seen
+  for at, hits in string.gmatch(debts, '(%d+):(%d+)') do
+    at = tonumber(at)
+    if at > seen then
+      gcra_debt(key, l, w, tonumber(hits), at)
+      if at > last then last = at end
+    end
+  end
+  if last > seen then redis.call('HSET', m, 'd', int(last)) end
+end
+
 -- This region's own counts per slot over the slots that count at `now`:
 -- {slot, count} pairs. Window algorithms: from the state key; the GCRA
 -- family: the `o` fields.
@@ -255,14 +271,14 @@ end
 local function gcommit(key, code, l, w, p, hits, now, spec, alg, before)
   local u, h, slice, peers, warm, retry_us = spec[1], spec[2], spec[3], spec[4], spec[5], spec[6]
   local gcra = code == 'gc' or code == 'sh'
-  if not gcra and slice == 0 and warm == 0 then return nil end
+  if not gcra and slice == 0 and warm == 0 and spec[8] ~= 1 then return nil end
   local g = gbase(key)
   local cur = divmod(now, u)
   if gcra then
     redis.call('HINCRBY', gslot(g, cur), 'o', int(hits))
     gslot_expire(g, cur, u, h, now)
   end
-  if slice == 0 and warm == 0 then return nil end
+  if slice == 0 and warm == 0 and spec[8] ~= 1 then return nil end
   local own, unacked = 0, 0
   for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do
     own = own + sc[2]
@@ -283,6 +299,11 @@ local function gcommit(key, code, l, w, p, hits, now, spec, alg, before)
     local wl = warm - own
     if left == nil or wl < left then left = wl end
     if whole == 0 then whole = warm end
+  end
+  if spec[8] == 1 then
+    -- Closed: nothing beyond the algorithm's answer.
+    left = -hits
+    if whole == 0 then whole = math.max(slice, warm) end
   end
   if left == nil or left >= 0 then return nil end
   -- Over: undo (the state exactly as before: a GCRA refund would leave a
@@ -310,13 +331,16 @@ end
 
 -- merge: peers' components into this region. KEYS: the items' bases G.
 -- ARGV after the op: now ('' for TIME), this region's name and
--- incarnation, then per item: kind, slot us, horizon, fingerprint, n, and
--- n x (region, incarnation, slot, count). Returns merged, unchanged,
--- stale, mismatched.
+-- incarnation, the sender's name and incarnation, then per item: kind,
+-- slot us, horizon, fingerprint, n, and n x (region, incarnation, slot,
+-- count). Returns merged, unchanged, stale, mismatched, then the positions
+-- (1-based) of the items in which a component the sender relays (not its
+-- own current one) raised this region's: to send on to the other peers.
 local function gmerge(now)
-  local me, my_inc = ARGV[3], ARGV[4]
+  local me, my_inc, from, from_inc = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   local merged, unchanged, stale, mismatched = 0, 0, 0, 0
-  local a = 5
+  local relay = {}
+  local a = 7
   for i = 1, #KEYS do
     local g = KEYS[i]
     local kind, u, h, fp, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
@@ -345,6 +369,7 @@ local function gmerge(now)
     end
     local cur = divmod(now, u)
     local t = e.t
+    local relayed = false
     for _ = 1, n do
       local region, inc, slot, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
       a = a + 4
@@ -365,6 +390,7 @@ local function gmerge(now)
           changed = true
           gslot_expire(g, slot, u, h, now)
           merged = merged + 1
+          if region ~= from or inc ~= from_inc then relayed = true end
           if kind == 2 then
             local at = math.min(now, (slot + 1) * u)
             local key, l, w = meta[5], tonumber(meta[6]), tonumber(meta[7])
@@ -382,8 +408,11 @@ local function gmerge(now)
       end
     end
     if changed then xput(x, e, u, h, now) end
+    if relayed then relay[#relay + 1] = i end
   end
-  return { merged, unchanged, stale, mismatched }
+  local out = { merged, unchanged, stale, mismatched }
+  for _, i in ipairs(relay) do out[#out + 1] = i end
+  return out
 end
 
 -- The rule a read was given, parsed (once per call per rule): {code, l,
@@ -426,10 +455,11 @@ local function grecord(g, key, r, now)
 end
 
 -- read: what this region holds for each key, to send to a peer. KEYS: the
--- bases G. ARGV after the op: now, full (1: every component; 0: own
--- counts only), then per key its state key S and "C L W B F K U H" (the
--- rule, as G:m holds it; both '' when the caller does not know the rule:
--- then G:m's is used). Returns per key: fingerprint, kind, slot us, horizon
+-- bases G. ARGV after the op: now, full (1: every component of every key;
+-- 0: as each key's own flag says), then per key its state key S, "C L W B F K U H"
+-- (the rule, as G:m holds it; both '' when the caller does not know the
+-- rule: then G:m's is used) and its own full flag (1: every component of
+-- this key, which this region relays). Returns per key: fingerprint, kind, slot us, horizon
 -- (kind 0: nothing known), n, then n x (region, incarnation, slot, count);
 -- region '' is this region's current incarnation. Except, for a key read
 -- with its rule, of fixed_window or sliding_window, not full: '=' and its
@@ -437,12 +467,12 @@ end
 -- counts (as own_slots does here): the common case of every batch, with
 -- no Redis command and no table made per key.
 local function gread(now)
-  local full = ARGV[3] == '1'
+  local every = ARGV[3] == '1'
   local out = {}
   -- Every given rule's G:r and string state, in one MGET.
   local rules, fetch = {}, {}
   for i = 1, #KEYS do
-    local key, spec = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+    local key, spec = ARGV[1 + 3 * i], ARGV[2 + 3 * i]
     if key and key ~= '' then
       local r = rspec(spec)
       if r then
@@ -456,8 +486,9 @@ local function gread(now)
   for i = 1, #KEYS do
     local g = KEYS[i]
     local r, meta = rules[i], nil
+    local full = every or ARGV[3 + 3 * i] == '1'
     if r then
-      local key = ARGV[2 + 2 * i]
+      local key = ARGV[1 + 3 * i]
       -- A GCRA key's rule is its decisions' to record (they pour the debt
       -- that came before it, as a memory region does): read by it only.
       if r[6] == '1' then grecord(g, key, r, now) end

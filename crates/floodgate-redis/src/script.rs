@@ -107,7 +107,8 @@ pub(crate) struct CheckArgs {
     global: Option<(String, std::sync::Arc<str>)>,
 }
 
-/// A global check's extra arguments (entry.lua: G:x, then "U H S P W R F").
+/// A global check's extra arguments (entry.lua: G:x, then "U H S P W R F
+/// C Z[ D]").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GlobalArgs {
     pub(crate) slot_us: u64,
@@ -117,6 +118,13 @@ pub(crate) struct GlobalArgs {
     pub(crate) warm: u64,
     pub(crate) retry_us: u64,
     pub(crate) fingerprint: u64,
+    /// Hits dead incarnations may have taken (window algorithms).
+    pub(crate) charge: u64,
+    /// Admit nothing beyond the algorithm's answer (bounded: not recorded
+    /// by every peer yet; eventual: cold).
+    pub(crate) closed: bool,
+    /// The GCRA family's crash debts, `<dead_us>:<hits>,...`.
+    pub(crate) debts: String,
 }
 
 impl GlobalArgs {
@@ -134,11 +142,23 @@ impl GlobalArgs {
             {
                 return text.clone();
             }
-            let text: std::sync::Arc<str> = format!(
-                "{} {} {} {} {} {} {}",
-                self.slot_us, self.horizon, self.slice, self.peers, self.warm, self.retry_us, self.fingerprint
-            )
-            .into();
+            let mut text = format!(
+                "{} {} {} {} {} {} {} {} {}",
+                self.slot_us,
+                self.horizon,
+                self.slice,
+                self.peers,
+                self.warm,
+                self.retry_us,
+                self.fingerprint,
+                self.charge,
+                u8::from(self.closed)
+            );
+            if !self.debts.is_empty() {
+                text.push(' ');
+                text.push_str(&self.debts);
+            }
+            let text: std::sync::Arc<str> = text.into();
             *last = Some((self.clone(), text.clone()));
             text
         })

@@ -581,8 +581,12 @@ impl RedisStore {
 
     /// The script's global arguments for check `c`, when this store is a
     /// region's and the check is global.
-    fn global_args(&self, c: &Check<'_>) -> Option<(String, GlobalArgs)> {
-        self.inner.region.as_ref()?.args(&self.inner.config.key_prefix, c)
+    fn global_args(&self, c: &Check<'_>, now: Option<u64>) -> Option<(String, GlobalArgs)> {
+        let now = || {
+            use floodgate_core::Clock;
+            now.unwrap_or_else(|| self.inner.clock.now_us())
+        };
+        self.inner.region.as_ref()?.args(&self.inner.config.key_prefix, c, now)
     }
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
@@ -661,7 +665,7 @@ impl RedisStore {
         op: Op,
     ) -> Result<Reply, CallError> {
         let args: Vec<CheckArgs> =
-            checks.iter().map(|c| CheckArgs::of(c, op).with_global(self.global_args(c))).collect();
+            checks.iter().map(|c| CheckArgs::of(c, op).with_global(self.global_args(c, now))).collect();
         let values = self.run(&[(now, keys, &args)], op, true, None, &self.inner.conn).await?;
         if let Op::Refund(_) = op {
             return Ok(Reply {
@@ -688,7 +692,7 @@ impl RedisStore {
             return (keys, Err(CallError::Open));
         }
         let (tx, rx) = oneshot::channel();
-        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c))).collect();
+        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c, now))).collect();
         let deadline = tokio::time::Instant::now() + self.inner.config.timeout;
         self.enqueue(Queued { now, keys, args, deadline, reply: tx });
         match rx.await {

@@ -4,8 +4,6 @@
 //! Redis store made a region's and on a memory region's `GlobalTable` give
 //! the same decisions, for every algorithm family and both sync modes.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use floodgate_core::region::{
@@ -23,28 +21,13 @@ fn store(url: &str) -> RedisStore {
     let mut c = RedisConfig::new(url.parse().unwrap());
     c.timeout = Duration::from_secs(2);
     c.cache_denials = false;
-    RedisStore::regional(c, RegionCtx { regions: 3, warming: Arc::new(AtomicBool::new(false)), retry_us: 200_000 })
-        .unwrap()
+    RedisStore::regional(c, RegionCtx::new(3, 200_000)).unwrap()
 }
 
-/// Region a, with b and c's full state already in (not warming).
+/// Region a, with b and c's full state already in (not warming), and
+/// recorded by both.
 fn table() -> GlobalTable {
-    let mut cfg = RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A);
-    cfg.retry_hint_us = 200_000;
-    let t = GlobalTable::new(cfg).unwrap();
-    for (p, peer) in ["b", "c"].into_iter().enumerate() {
-        let done = Batch {
-            from: peer.into(),
-            from_incarnation: 20 + p as u64,
-            to_incarnation: INC_A,
-            complete: true,
-            ..Batch::default()
-        };
-        t.receive(&done, T0);
-        // And each has recorded a (it acknowledged a batch of a's).
-        let ack = floodgate_core::region::Ack { region: peer.into(), incarnation: 30, seq: 0, for_incarnation: INC_A };
-        t.on_ack(p, &ack, T0);
-    }
+    let t = table_with(|_| {}, true);
     assert!(!t.warming());
     t
 }
@@ -155,7 +138,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                     .block_on(redis.read_global(
                         &[key.to_owned()],
                         &[Some((limit, mode))],
-                        false,
+                        &[],
                         INC_A,
                         &mut regions,
                         Some(now),
@@ -308,16 +291,16 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     assert!(keys("*:g*").is_empty(), "decisions wrote global state: {:?}", keys("*"));
     let mut regions = vec!["a".to_owned()];
     // Without the rule, and none recorded: nothing to send yet.
-    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], false, INC_A, &mut regions, Some(now))).unwrap();
+    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], &[], INC_A, &mut regions, Some(now))).unwrap();
     assert!(read[0].is_none());
     let read = rt
-        .block_on(redis.read_global(&["w".to_owned()], &[Some((&limit, mode))], false, INC_A, &mut regions, Some(now)))
+        .block_on(redis.read_global(&["w".to_owned()], &[Some((&limit, mode))], &[], INC_A, &mut regions, Some(now)))
         .unwrap();
     let item = read[0].as_ref().expect("the read knows the key by its rule");
     assert_eq!(item.fingerprint, fingerprint(&limit, mode));
     assert_eq!(item.components.iter().map(|c| c.count).sum::<u64>(), 4);
     assert_eq!(keys("*:g:m").len(), 1, "the rule is recorded for a full state's listing");
-    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], true, INC_A, &mut regions, Some(now))).unwrap();
+    let read = rt.block_on(redis.read_global(&["w".to_owned()], &[], &[true], INC_A, &mut regions, Some(now))).unwrap();
     assert_eq!(read[0].as_ref().map(|i| i.components.iter().map(|c| c.count).sum::<u64>()), Some(4));
     // A peer's count with another rule's fingerprint is a mismatch.
     let other = Limit::new(Algorithm::FixedWindow, 20, Duration::from_secs(60)).unwrap();
@@ -330,4 +313,115 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     let d = out.pop().unwrap().unwrap();
     assert!(!d.allowed, "4 own + 3 of b's + 4 > 10");
     assert_eq!(d.remaining, 3);
+}
+
+/// What a dead incarnation costs, and the gate of a new one, decide alike
+/// in a Redis region and a memory region: a slice per dead incarnation for
+/// the window algorithms, a slice of debt dated at the death for the GCRA
+/// family, nothing bounded before every peer recorded the region, nothing
+/// eventual while cold.
+#[test]
+fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let bounded = SyncMode::Bounded { overshoot_ppm: 300_000 };
+    for (li, limit) in limits().iter().enumerate() {
+        let mut c = RedisConfig::new(server.url().parse().unwrap());
+        c.cache_denials = false;
+        c.key_prefix = format!("crash{li}:");
+        let ctx = RegionCtx::new(3, 200_000);
+        let (deaths, recorded) = (ctx.deaths.clone(), ctx.recorded.clone());
+        let (warming, cold_until) = (ctx.warming.clone(), ctx.cold_until_us.clone());
+        let redis = RedisStore::regional(c, ctx).unwrap();
+        let t = table();
+        deaths.learn(1, 20, T0);
+        deaths.learn(2, 21, T0);
+        let decide = |hits: u64, now: u64| {
+            let mem = t.apply("k", limit, bounded, hits, now).unwrap();
+            let check = Check { key: "k", limit, hits, enforce: true, scope: Scope::Global(bounded) };
+            let mut out = Vec::new();
+            rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+            let red = out.pop().unwrap().unwrap();
+            assert_eq!(
+                (red.allowed, red.remaining, red.retry_after),
+                (mem.allowed, mem.remaining, mem.retry_after),
+                "{:?} at {now}: redis {red:?}, memory {mem:?}",
+                limit.algorithm()
+            );
+            mem
+        };
+        let now = T0 + 1_000;
+        // Within the slice: 2 of GCRA's burst 20 at 30%, 3 of the windows' 30.
+        let first = decide(2, now);
+        assert!(first.allowed, "{first:?} {:?}", limit.algorithm());
+        // b dies: its incarnation 20 is followed by 40.
+        let reborn = Batch { from: "b".into(), from_incarnation: 40, to_incarnation: INC_A, ..Batch::default() };
+        t.receive(&reborn, now + 10);
+        deaths.learn(1, 40, now + 10);
+        let d = decide(0, now + 20);
+        assert!(d.remaining < first.remaining, "{:?}: the dead one's slice is charged: {d:?}", limit.algorithm());
+        for step in 1..6 {
+            decide(2, now + 20 + step * 150_000);
+        }
+        // A new incarnation of this region: not recorded by its peers yet.
+        recorded.store(false, std::sync::atomic::Ordering::Release);
+        let fresh = table_with(|cfg| cfg.incarnation = INC_A + 1, false);
+        let check = Check { key: "k2", limit, hits: 1, enforce: true, scope: Scope::Global(bounded) };
+        let mut out = Vec::new();
+        rt.block_on(redis.apply_all_at(&[check], now + 2_000_000, &mut out));
+        let red = out.pop().unwrap().unwrap();
+        let mem = fresh.apply("k2", limit, bounded, 1, now + 2_000_000).unwrap();
+        assert_eq!((red.allowed, red.retry_after), (false, Some(Duration::from_millis(200))));
+        assert_eq!((mem.allowed, mem.retry_after), (red.allowed, red.retry_after));
+        // Cold: the region's Redis restarted empty and no peer's full state
+        // has come yet; eventual rules admit nothing for the warm-up wait.
+        let at = now + 3_000_000;
+        warming.store(true, std::sync::atomic::Ordering::Release);
+        cold_until.store(at + 1_000_000, std::sync::atomic::Ordering::Release);
+        let cold = GlobalTable::new(RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A + 2)).unwrap();
+        let e = SyncMode::Eventual;
+        let check = Check { key: "k3", limit, hits: 1, enforce: true, scope: Scope::Global(e) };
+        let mut out = Vec::new();
+        rt.block_on(redis.apply_all_at(&[check], at, &mut out));
+        let red = out.pop().unwrap().unwrap();
+        let mem = cold.apply("k3", limit, e, 1, at).unwrap();
+        assert_eq!((red.allowed, red.remaining, red.retry_after), (mem.allowed, mem.remaining, mem.retry_after));
+        assert!(!red.allowed);
+        // After the wait: its share while warming.
+        let later = at + 1_000_000;
+        rt.block_on(redis.apply_all_at(&[check], later, &mut out));
+        let red = out.pop().unwrap().unwrap();
+        let mem = cold.apply("k3", limit, e, 1, later).unwrap();
+        assert_eq!((red.allowed, red.remaining, red.retry_after), (mem.allowed, mem.remaining, mem.retry_after));
+        assert!(red.allowed);
+    }
+}
+
+/// Region a as [`table`] makes it, `cfg` changed first; `recorded`: its
+/// peers have recorded it (acknowledged one of its batches).
+fn table_with(change: impl FnOnce(&mut RegionConfig), recorded: bool) -> GlobalTable {
+    let mut cfg = RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A);
+    cfg.retry_hint_us = 200_000;
+    change(&mut cfg);
+    let t = GlobalTable::new(cfg.clone()).unwrap();
+    for (p, peer) in ["b", "c"].into_iter().enumerate() {
+        let done = Batch {
+            from: peer.into(),
+            from_incarnation: 20 + p as u64,
+            to_incarnation: cfg.incarnation,
+            complete: true,
+            ..Batch::default()
+        };
+        t.receive(&done, T0);
+        if recorded {
+            let ack = floodgate_core::region::Ack {
+                region: peer.into(),
+                incarnation: 30,
+                seq: 0,
+                for_incarnation: cfg.incarnation,
+            };
+            t.on_ack(p, &ack, T0);
+        }
+    }
+    t
 }

@@ -33,7 +33,7 @@ use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, accept, serve_router};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::overload::ShedLayer;
-use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules};
+use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules, global_rules};
 use crate::runtime::state::{OverridesFile, open_keys};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
@@ -314,6 +314,10 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             let RegionState::Redis(region) = regions.state.clone() else {
                 return Err(ServeError::Config("a Redis region has a Redis state".into()));
             };
+            // Its full state listing finds the global rules' keys by name.
+            region.set_rules(global_rules(&rules.current()));
+            let listing = region.clone();
+            rules.on_reload(move |set| listing.set_rules(global_rules(set)));
             ServerStore::RedisRegional(region.store().clone(), region, Arc::new(regions))
         }
         (Some(redis), None) => ServerStore::Redis(

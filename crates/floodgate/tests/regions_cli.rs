@@ -323,6 +323,8 @@ fn three_regions_share_global_limits_over_a_wan() {
     eventually("b knows u1 and u2 again after its Redis restarted", || {
         world.remaining(1, "user", "u1") == 875 && world.remaining(1, "user", "u2") == 940
     });
+    // Knowing nothing, it admitted nothing until its peers' state arrived.
+    eventually("b has every peer's full state again", || world.ready(1)["regions"]["warming"] == false);
     assert_eq!(world.check(1, "user", "u1", 5)["allowed"], true);
     eventually("5 more from b, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 870));
     drop(world.regions);

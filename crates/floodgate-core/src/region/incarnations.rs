@@ -162,17 +162,7 @@ impl Incarnations {
             let seq = self.deaths.fetch_add(1, Ordering::AcqRel) + 1;
             g.dead.push((seq, d));
         }
-        while g.dead.len() > MAX_DEAD {
-            // Fold the two oldest into one covering both, numbered as the
-            // later: a GCRA key that had seen only the first pays both
-            // again (stricter, never looser).
-            let (seq, b) = g.dead.remove(1);
-            let a = &mut g.dead[0];
-            a.0 = seq;
-            a.1.recorded_us = a.1.recorded_us.min(b.recorded_us);
-            a.1.dead_us = a.1.dead_us.max(b.dead_us);
-            a.1.count += b.count;
-        }
+        fold(&mut g.dead);
     }
 
     /// Whether this region's own incarnation (region 0, `mine`) is no
@@ -216,12 +206,63 @@ impl Incarnations {
         g.known.retain(|k| k.dead_us == 0 || k.dead_us >= before_us);
     }
 
+    /// The dead incarnations' spans and counts, `(recorded_us, dead_us,
+    /// count)`, in the order they died.
+    pub fn dead_spans(&self) -> Vec<(u64, u64, u64)> {
+        self.read().dead.iter().map(|(_, d)| (d.recorded_us, d.dead_us, d.count)).collect()
+    }
+
+    /// Replace the whole record with `records` (as a region whose record is
+    /// in its store reads it back): an incarnation with a later one of its
+    /// region is dead since that one was recorded, unless the record says
+    /// when. Region 0 is this region.
+    pub fn reset(&self, records: &[Incarnation]) {
+        let mut sorted = records.to_vec();
+        sorted.sort_by_key(|r| (r.region, r.incarnation));
+        sorted.dedup_by_key(|r| (r.region, r.incarnation));
+        let mut dead = Vec::new();
+        for i in 0..sorted.len() {
+            let next = sorted.get(i + 1).filter(|n| n.region == sorted[i].region).map(|n| n.recorded_us);
+            let r = &mut sorted[i];
+            if r.dead_us == 0
+                && let Some(succ) = next
+            {
+                r.dead_us = succ.max(r.recorded_us).max(1);
+            }
+            if r.dead_us != 0 {
+                r.recorded_us = r.recorded_us.min(r.dead_us);
+                dead.push(*r);
+            }
+        }
+        dead.sort_by_key(|d| d.dead_us);
+        let mut g = self.write();
+        let n = dead.len() as u64;
+        g.dead = dead.into_iter().enumerate().map(|(i, d)| (i as u64 + 1, d)).collect();
+        fold(&mut g.dead);
+        g.known = sorted;
+        self.deaths.store(n, Ordering::Release);
+    }
+
     /// Every known incarnation, for a full state transfer.
     pub fn records(&self) -> Vec<Incarnation> {
         let g = self.read();
         let mut out: Vec<Incarnation> = g.known.iter().filter(|k| k.dead_us == 0).copied().collect();
         out.extend(g.dead.iter().map(|(_, d)| *d));
         out
+    }
+}
+
+/// At most [`MAX_DEAD`] records: fold the two oldest into one covering
+/// both, numbered as the later (a GCRA key that had seen only the first
+/// pays both again: stricter, never looser).
+fn fold(dead: &mut Vec<(u64, Incarnation)>) {
+    while dead.len() > MAX_DEAD {
+        let (seq, b) = dead.remove(1);
+        let a = &mut dead[0];
+        a.0 = seq;
+        a.1.recorded_us = a.1.recorded_us.min(b.recorded_us);
+        a.1.dead_us = a.1.dead_us.max(b.dead_us);
+        a.1.count += b.count;
     }
 }
 
@@ -273,6 +314,24 @@ mod tests {
         r.learn(0, 8, 1_100);
         assert!(r.superseded(7));
         assert_eq!(r.records().len(), 5);
+    }
+
+    #[test]
+    fn a_record_read_back_from_a_store_tells_the_dead_by_their_successors() {
+        let r = Incarnations::new(1);
+        let rec = |region, incarnation, recorded_us, dead_us| Incarnation {
+            region,
+            incarnation,
+            recorded_us,
+            dead_us,
+            count: 1,
+        };
+        r.reset(&[rec(0, 1, 0, 0), rec(2, 5, 100, 0), rec(2, 9, 300, 0), rec(2, 7, 200, 0), rec(1, 3, 50, 60)]);
+        // 5 died when 7 was recorded, 7 when 9 was; 3 says when it died.
+        assert_eq!(r.dead_spans(), vec![(50, 60, 1), (100, 200, 1), (200, 300, 1)]);
+        assert_eq!(r.deaths(), 3);
+        assert_eq!(r.charges(250, 260), 1);
+        assert!(r.knows(2, 9) && !r.superseded(1));
     }
 
     #[test]

@@ -466,14 +466,20 @@ impl<Q: KeyQueue, A> Links<Q, A> {
         &self.recorded
     }
 
-    /// Record that peer `p` has recorded this incarnation (for a region
-    /// whose instances share it: another instance saw the acknowledgement).
-    pub fn set_recorded(&self, p: usize) {
-        if std::mem::replace(&mut self.lock(p).recorded, true) {
+    /// Record whether peer `p` has recorded this incarnation (a region
+    /// whose instances share it reads that from its store: another instance
+    /// may have seen the acknowledgement, or the incarnation changed).
+    pub fn set_recorded(&self, p: usize, recorded: bool) {
+        if std::mem::replace(&mut self.lock(p).recorded, recorded) == recorded {
             return;
         }
         let all = (0..self.links.len()).all(|q| self.lock(q).recorded);
         self.recorded.store(all, Ordering::Release);
+    }
+
+    /// Whether peer `p` has recorded this incarnation.
+    pub fn recorded(&self, p: usize) -> bool {
+        self.lock(p).recorded
     }
 
     /// Queue `key` for peer `p`; `false` when the queue is full (the key
@@ -599,7 +605,7 @@ impl<Q: KeyQueue, A> Links<Q, A> {
             return Acked { confirmed: None, restarted: None, recovered: false };
         }
         let acked = self.ack(p, ack, now);
-        self.set_recorded(p);
+        self.set_recorded(p, true);
         acked
     }
 

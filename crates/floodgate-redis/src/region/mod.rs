@@ -9,20 +9,28 @@
 //! write the same Redis), so a key several instances touched goes out
 //! several times; the maximum at the receiver makes that harmless.
 //!
-//! The region's incarnation and the peers' `complete` flags live in Redis
-//! (`<prefix>region:<name>`): a Redis that restarts empty is a new
-//! incarnation, seen by every instance within a sync interval.
+//! The region's state outlives its instances: its incarnation, the peers'
+//! `complete` flags and whether each peer has recorded the incarnation live
+//! in Redis (`<prefix>region:<name>`), and so does the record of
+//! incarnations ([`record`]). A Redis that restarts empty is a new
+//! incarnation, seen by every instance within a sync interval. A new
+//! instance lists every key of the region's global rules (their state keys,
+//! by the rules' fingerprints, and the keys peers sent) for its peers' full
+//! state, so hits an instance admitted and died before sending still reach
+//! every peer.
 
+mod queue;
+mod record;
 mod state;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use floodgate_core::region::link::{KeyQueue, Requeue, Take};
+use floodgate_core::region::link::{Requeue, Take};
 use floodgate_core::region::{
-    Ack, Batch, BatchHead, BatchSink, Item, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, SyncMode,
-    TableStats, can_wait, fingerprint,
+    Ack, Batch, BatchHead, BatchSink, Incarnation, Incarnations, Item, Lazy, LinkStats, Links, Receipt, Region,
+    RegionConfig, SyncMode, TableStats, can_wait, fingerprint, shape_of,
 };
 use floodgate_core::{Clock, Limit, StoreError, SystemClock};
 
@@ -30,10 +38,8 @@ pub use state::MergeStats;
 
 use crate::global::RegionCtx;
 use crate::{RedisConfig, RedisStore};
-
-/// The maps of keys (client-chosen): foldhash, randomly seeded against hash
-/// flooding, as the memory store's and the memory region's tables.
-type KeyMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+use queue::{KeyMap, Owed, Queue, Tag};
+use record::Record;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -52,99 +58,6 @@ const SCAN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// recorded yet is then not sent until its next admitted hit queues it
 /// again.
 const MAX_RULES: usize = 65_536;
-
-/// What a queued key carries.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tag {
-    /// Whether its rule is bounded (its acknowledgements matter).
-    bounded: bool,
-    /// Its rule's fingerprint (in [`RedisRegion::rules`]; 0: not known
-    /// here, as for a full state's keys). The read records the rule on the
-    /// key's global state, where a window algorithm's decision leaves it.
-    rule: u64,
-}
-
-impl Tag {
-    /// A key queued again: bounded if either was, the newer rule.
-    fn join(&mut self, newer: Tag) {
-        self.bounded |= newer.bounded;
-        if newer.rule != 0 {
-            self.rule = newer.rule;
-        }
-    }
-}
-
-/// A key owed to a peer: to be read from Redis, or read already.
-#[derive(Debug)]
-enum Owed {
-    /// A key to read.
-    Key(String, Tag),
-    /// An item another peer's batch read from Redis after this peer's queue
-    /// had its key: as new as a read of its own would be, so it goes out
-    /// without one (every peer's queue has about the same keys, and reading
-    /// is what a Redis region's sync costs).
-    Read(Item, Tag),
-}
-
-/// One peer's queue: keys in order, each once (its tag in `queued`), and
-/// the items read for another peer.
-#[derive(Default)]
-struct Queue {
-    /// Keys to send, oldest first; one not in `queued` (taken since by
-    /// another peer's read) is skipped.
-    order: VecDeque<String>,
-    /// The keys in `order`, each with its tag.
-    queued: KeyMap<Tag>,
-    shared: VecDeque<(Item, Tag)>,
-}
-
-impl Queue {
-    /// Fold `key` into the same key queued already (`None`), or make what
-    /// to queue.
-    fn absorb(&mut self, key: &str, tag: Tag) -> Option<Owed> {
-        match self.queued.get_mut(key) {
-            Some(t) => {
-                t.join(tag);
-                None
-            }
-            None => Some(Owed::Key(key.to_owned(), tag)),
-        }
-    }
-}
-
-impl KeyQueue for Queue {
-    type Key = Owed;
-
-    fn len(&self) -> usize {
-        self.queued.len() + self.shared.len()
-    }
-
-    fn size(&self) -> usize {
-        self.order.len()
-    }
-
-    fn push_back(&mut self, key: Owed) {
-        match key {
-            Owed::Key(k, tag) => {
-                self.queued.insert(k.clone(), tag);
-                self.order.push_back(k);
-            }
-            Owed::Read(item, tag) => self.shared.push_back((item, tag)),
-        }
-    }
-
-    fn pop_front(&mut self) -> Option<Owed> {
-        if let Some((item, tag)) = self.shared.pop_front() {
-            return Some(Owed::Read(item, tag));
-        }
-        while let Some(k) = self.order.pop_front() {
-            if let Some(tag) = self.queued.remove(&k) {
-                return Some(Owed::Key(k, tag));
-            }
-        }
-        None
-    }
-}
 
 /// What a bounded key's acknowledgement confirms: this region's own counts
 /// as sent, `(counter key, [(slot, count)])`.
@@ -174,6 +87,16 @@ pub struct RedisRegion {
     /// Whether the last listing of the keys failed (logged once a streak).
     listing_failed: AtomicBool,
     clock: SystemClock,
+    /// Every region's incarnations (shared with the store's decisions).
+    deaths: Arc<Incarnations>,
+    /// Until when eventual rules admit nothing (shared with the store).
+    cold_until_us: Arc<AtomicU64>,
+    warmup_us: u64,
+    /// The record of incarnations in Redis.
+    record: Record,
+    /// The loaded global rules, by their limit's fingerprint as state keys
+    /// end in it (a full state's listing finds their keys by it).
+    global_rules: RwLock<HashMap<String, (Limit, SyncMode)>>,
 }
 
 impl std::fmt::Debug for RedisRegion {
@@ -189,12 +112,22 @@ impl RedisRegion {
     /// region's incarnation is in Redis.
     pub fn new(cfg: &RegionConfig, redis: RedisConfig) -> Result<Self, redis::RedisError> {
         let links = Links::new(cfg);
+        let (deaths, cold_until_us) = (Arc::new(Incarnations::new(0)), Arc::new(AtomicU64::new(0)));
         let ctx = RegionCtx {
             regions: cfg.peers.len() + 1,
             warming: links.warming_flag().clone(),
             retry_us: cfg.retry_hint_us,
+            recorded: links.recorded_flag().clone(),
+            cold_until_us: cold_until_us.clone(),
+            deaths: deaths.clone(),
         };
+        let record = Record::new(&redis.key_prefix, &cfg.region);
         Ok(Self {
+            deaths,
+            cold_until_us,
+            warmup_us: cfg.warmup_us,
+            record,
+            global_rules: RwLock::new(HashMap::new()),
             name: cfg.region.clone(),
             peers: cfg.peers.clone(),
             store: RedisStore::regional(redis, ctx)?,
@@ -248,10 +181,105 @@ impl RedisRegion {
         if old != 0 && old != inc {
             tracing::warn!(region = %self.name, "Redis lost the region's state (a new incarnation): waiting for every peer's full state");
         }
-        for (p, peer) in self.peers.iter().enumerate() {
-            let complete = map.get(&format!("c:{peer}")).and_then(|v| v.parse::<u64>().ok()) == Some(inc);
-            self.links.set_complete(p, complete);
+        // The incarnation's start time (0 for one an older build made).
+        let started = Some(inc >> 12).filter(|&t| t <= now.saturating_add(60_000_000)).unwrap_or(0);
+        if old != inc {
+            let me = Incarnation { region: 0, incarnation: inc, recorded_us: started.min(now), dead_us: 0, count: 1 };
+            if self.record.add(&self.store, &[me]).await.is_err() {
+                self.last_state_us.store(0, Ordering::Relaxed);
+            }
         }
+        let mut heard = false;
+        for (p, peer) in self.peers.iter().enumerate() {
+            let is = |field: &str| map.get(&format!("{field}:{peer}")).and_then(|v| v.parse::<u64>().ok()) == Some(inc);
+            let complete = is("c");
+            heard |= complete;
+            self.links.set_complete(p, complete);
+            self.links.set_recorded(p, is("r"));
+        }
+        // Knowing nothing yet: eventual rules wait for the first peer's
+        // full state, at most the warm-up wait from the incarnation's start.
+        let cold =
+            if self.links.warming() && !heard && started != 0 { started.saturating_add(self.warmup_us) } else { 0 };
+        self.cold_until_us.store(cold, Ordering::Release);
+        if let Ok(records) = self.record.read(&self.store).await {
+            self.deaths.reset(&records);
+            // Dead long enough that no bounded decision counts them.
+            let before = now.saturating_sub(self.keep_dead_us());
+            let old: Vec<Incarnation> =
+                self.deaths.records().into_iter().filter(|r| r.dead_us != 0 && r.dead_us < before).collect();
+            if !old.is_empty() && self.record.remove(&self.store, &old).await.is_ok() {
+                self.deaths.prune(before);
+            }
+        }
+    }
+
+    /// How long a dead incarnation is remembered: twice the longest span a
+    /// bounded rule counts, at least an hour.
+    fn keep_dead_us(&self) -> u64 {
+        let rules = self.global_rules.read().unwrap_or_else(PoisonError::into_inner);
+        let span = rules
+            .values()
+            .filter(|(_, m)| matches!(m, SyncMode::Bounded { .. }))
+            .filter_map(|(l, _)| shape_of(l))
+            .map(|s| s.slot_us().saturating_mul(s.horizon()))
+            .max()
+            .unwrap_or(0);
+        span.saturating_mul(2).max(3_600_000_000)
+    }
+
+    /// The region's global rules (at start and after every reload): a full
+    /// state's listing finds their keys by their state keys' names, so hits
+    /// an instance admitted and died before sending are not lost.
+    pub fn set_rules(&self, rules: impl IntoIterator<Item = (Limit, SyncMode)>) {
+        let map = rules.into_iter().map(|(l, m)| (format!("{:08x}", l.fingerprint()), (l, m))).collect();
+        *self.global_rules.write().unwrap_or_else(PoisonError::into_inner) = map;
+    }
+
+    /// Record the incarnations `batch` shows (its sender's, its
+    /// components', its record's) that the region does not know yet: in
+    /// Redis first (every instance reads them back), then here.
+    async fn learn(&self, batch: &Batch, now: u64) -> Result<(), StoreError> {
+        let mine = self.incarnation();
+        // Each with whether a peer's record gave its span.
+        let mut new: Vec<(Incarnation, bool)> = Vec::new();
+        let mut add = |region: u32, rec: Incarnation, spanned: bool| {
+            let rec = Incarnation { region, ..rec };
+            let mine_now = region == 0 && rec.incarnation == mine;
+            let known = self.deaths.knows(region, rec.incarnation)
+                || new.iter().any(|(n, _)| (n.region, n.incarnation) == (region, rec.incarnation));
+            if !mine_now && !known {
+                new.push((rec, spanned));
+            }
+        };
+        let fresh = |incarnation| Incarnation { region: 0, incarnation, recorded_us: now, dead_us: 0, count: 1 };
+        add(self.record.index(&batch.from), fresh(batch.from_incarnation), false);
+        let names: Vec<u32> = batch.regions.iter().map(|n| self.record.index(n)).collect();
+        for item in &batch.items {
+            for c in &item.components {
+                if let Some(&region) = names.get(c.region as usize) {
+                    add(region, fresh(c.incarnation), false);
+                }
+            }
+        }
+        for r in &batch.incarnations {
+            if let Some(&region) = names.get(r.region as usize) {
+                add(region, *r, true);
+            }
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let recs: Vec<Incarnation> = new.iter().map(|(r, _)| *r).collect();
+        self.record.add(&self.store, &recs).await?;
+        for (r, spanned) in new {
+            if spanned {
+                self.deaths.merge(r, now);
+            } else {
+                self.deaths.learn(r.region, r.incarnation, now);
+            }
+        }
+        Ok(())
     }
 
     /// After a global decision under `limit` admitted `hits` of `key`
@@ -263,7 +291,7 @@ impl RedisRegion {
         let bounded = matches!(mode, SyncMode::Bounded { .. });
         if bounded || self.links.warming() || self.lazy.eager() {
             lock(&self.pending).remove(key);
-            self.queue(key, Tag { bounded, rule });
+            self.queue(key, Tag { bounded, rule, relay: false });
             return;
         }
         let mut pending = lock(&self.pending);
@@ -280,7 +308,7 @@ impl RedisRegion {
         if !can_wait(unsent, remaining, self.peers.len() + 1) {
             pending.remove(key);
             drop(pending);
-            self.queue(key, Tag { bounded: false, rule });
+            self.queue(key, Tag { bounded: false, rule, relay: false });
         } else if new {
             drop(pending);
             self.lazy.wait(self.clock.now_us(), key.to_owned());
@@ -305,7 +333,12 @@ impl RedisRegion {
 
     /// Queue `key` for every peer.
     fn queue(&self, key: &str, tag: Tag) {
-        for p in 0..self.links.len() {
+        self.queue_but(key, tag, None);
+    }
+
+    /// Queue `key` for every peer but `but`.
+    fn queue_but(&self, key: &str, tag: Tag, but: Option<usize>) {
+        for p in (0..self.links.len()).filter(|&p| Some(p) != but) {
             self.links.push_with(p, |q| q.absorb(key, tag));
         }
     }
@@ -316,19 +349,20 @@ impl RedisRegion {
             // Gone when an urgent touch has queued it since.
             let waiting = lock(&self.pending).remove(&k);
             if let Some((_, rule)) = waiting {
-                self.queue(&k, Tag { bounded: false, rule });
+                self.queue(&k, Tag { bounded: false, rule, relay: false });
             }
         }
     }
 
-    /// Queue `keys` again for peer `p` (a read item as its key).
+    /// Queue `keys` again for peer `p` (a read item as its key), with
+    /// every component: the lost batch may have relayed others'.
     fn requeue_keys(&self, p: usize, keys: Vec<Owed>) {
         for owed in keys {
             let (key, tag) = match owed {
                 Owed::Key(k, tag) => (k, tag),
                 Owed::Read(item, tag) => (item.key, tag),
             };
-            self.links.push_with(p, |q| q.absorb(&key, tag));
+            self.links.push_with(p, |q| q.absorb(&key, Tag { relay: true, ..tag }));
         }
     }
 
@@ -346,11 +380,15 @@ impl RedisRegion {
     }
 
     /// Every key of the region's global limits in Redis (for a full state
-    /// transfer): their `:g:m` keys, from every primary of a cluster.
-    /// `None` while Redis fails (the transfer is started again later).
-    async fn all_keys(&self) -> Option<Vec<String>> {
+    /// transfer), from every primary of a cluster: the state keys of the
+    /// global rules (by the limit's fingerprint they end in: a key admitted
+    /// but never sent yet has nothing else), each with its rule, and every
+    /// key whose global state is recorded (`:g:m`: peers' counts among
+    /// them). `None` while Redis fails (the transfer is started again
+    /// later).
+    async fn all_keys(&self) -> Option<Vec<(String, Tag)>> {
         let prefix = &self.store.config().key_prefix;
-        let pattern = format!("{prefix}*:g:m");
+        let pattern = format!("{prefix}*");
         let found = match self.store.scan(&pattern, SCAN_TIMEOUT).await {
             Ok(found) => {
                 self.listing_failed.store(false, Ordering::Relaxed);
@@ -363,17 +401,33 @@ impl RedisRegion {
                 return None;
             }
         };
-        let keys = found
-            .into_iter()
-            .filter_map(|k| {
-                // <prefix>{tag}rest:g:m -> tag + rest
-                let body = k.strip_prefix(prefix.as_str())?.strip_suffix(":g:m")?;
-                let open = body.strip_prefix('{')?;
-                let close = open.find('}')?;
-                Some(format!("{}{}", &open[..close], &open[close + 1..]))
-            })
-            .collect();
-        Some(keys)
+        // <prefix>{tag}rest<suffix> -> tag + rest
+        let counter_key = |body: &str| -> Option<String> {
+            let open = body.strip_prefix('{')?;
+            let close = open.find('}')?;
+            Some(format!("{}{}", &open[..close], &open[close + 1..]))
+        };
+        let rules = self.global_rules.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut keys: KeyMap<Tag> = KeyMap::default();
+        for k in found {
+            let Some(body) = k.strip_prefix(prefix.as_str()) else { continue };
+            if let Some(base) = body.strip_suffix(":g:m") {
+                if let Some(key) = counter_key(base) {
+                    keys.entry(key).or_default();
+                }
+            } else if let Some((base, fp)) = body.rsplit_once(':')
+                && let Some((limit, mode)) = rules.get(fp)
+                && let Some(key) = counter_key(base)
+            {
+                let tag = Tag {
+                    bounded: matches!(mode, SyncMode::Bounded { .. }),
+                    rule: self.rule(limit, *mode),
+                    relay: false,
+                };
+                keys.insert(key, tag);
+            }
+        }
+        Some(keys.into_iter().collect())
     }
 
     /// Start a full state transfer to peer `p` (incarnation `incarnation`);
@@ -381,7 +435,7 @@ impl RedisRegion {
     async fn full_state(&self, p: usize, incarnation: u64) -> bool {
         match self.all_keys().await {
             Some(keys) => {
-                let keys = keys.into_iter().map(|k| Owed::Key(k, Tag::default()));
+                let keys = keys.into_iter().map(|(k, tag)| Owed::Key(k, tag));
                 self.links.start_full(p, incarnation, keys);
                 true
             }
@@ -406,8 +460,15 @@ impl RedisRegion {
             if queue.shared.len() >= MAX_SHARED || queue.queued.is_empty() {
                 continue;
             }
-            let ks: Vec<(String, Tag)> =
-                keys.iter().filter_map(|(k, _)| queue.queued.remove(k).map(|b| (k.clone(), b))).collect();
+            // Not a key it relays (this read may have only own counts).
+            let mut ks: Vec<(String, Tag)> = Vec::new();
+            for (k, _) in keys {
+                if queue.queued.get(k).is_some_and(|t| !t.relay)
+                    && let Some(tag) = queue.queued.remove(k)
+                {
+                    ks.push((k.clone(), tag));
+                }
+            }
             if !ks.is_empty() {
                 taken.push((q, ks));
             }
@@ -489,7 +550,8 @@ impl Region for RedisRegion {
             };
             let rules: Vec<Option<(&Limit, SyncMode)>> =
                 known.iter().map(|r| r.as_deref().map(|(l, m)| (l, *m))).collect();
-            self.store.read_global(&names, &rules, plan.full, incarnation, &mut regions, None).await
+            let every: Vec<bool> = keys.iter().map(|(_, t)| plan.full || t.relay).collect();
+            self.store.read_global(&names, &rules, &every, incarnation, &mut regions, None).await
         };
         let Ok(read) = read else {
             // Redis failing: the keys go out again later, to every peer.
@@ -531,6 +593,19 @@ impl Region for RedisRegion {
             sink.item(&item.key, item.fingerprint, item.shape, &item.components);
         }
         plan.keys = keys.into_iter().map(|(k, tag)| Owed::Key(k, tag)).collect();
+        // A full state transfer carries the record of incarnations, its
+        // regions numbered as the batch's.
+        let mut incarnations = Vec::new();
+        if plan.full || plan.complete {
+            for r in self.deaths.records() {
+                let Some(name) = self.record.name(r.region) else { continue };
+                let at = regions.iter().position(|n| *n == name).unwrap_or_else(|| {
+                    regions.push(name);
+                    regions.len() - 1
+                });
+                incarnations.push(Incarnation { region: u32::try_from(at).unwrap_or(u32::MAX), ..r });
+            }
+        }
         let head = BatchHead {
             from: self.name.clone(),
             regions,
@@ -539,14 +614,25 @@ impl Region for RedisRegion {
             seq: plan.seq,
             items: items.len() as u64,
             complete: plan.complete,
-            incarnations: Vec::new(),
+            incarnations,
         };
         self.links.sent(p, plan, confirms, items.len() as u64, now);
         Some(head)
     }
 
     async fn on_ack(&self, p: usize, ack: &Ack, now: u64) {
-        let acked = self.links.on_ack(p, ack, now, self.incarnation());
+        let incarnation = self.incarnation();
+        let was = self.links.recorded(p);
+        let acked = self.links.on_ack(p, ack, now, incarnation);
+        if !was && self.links.recorded(p) {
+            // The peer has recorded this incarnation: region-wide, so every
+            // instance admits on bounded rules once every peer has.
+            let mut set = redis::cmd("HSET");
+            set.arg(self.state_key()).arg(format!("r:{}", self.peers[p])).arg(incarnation.to_string());
+            if self.store.raw(&set).await.is_err() {
+                self.links.set_recorded(p, false);
+            }
+        }
         if acked.recovered {
             self.link_failing(false);
         }
@@ -571,6 +657,7 @@ impl Region for RedisRegion {
             return Err(StoreError::Unavailable("this region's Redis is not answering".into()));
         }
         let stats = self.store.merge(&batch, &self.name, incarnation, None).await?;
+        self.learn(&batch, now).await?;
         {
             let mut t = lock(&self.merges);
             t.merges += stats.merged;
@@ -588,7 +675,14 @@ impl Region for RedisRegion {
             },
             ..Receipt::default()
         };
-        match self.peers.iter().position(|p| *p == batch.from) {
+        let sender = self.peers.iter().position(|p| *p == batch.from);
+        // What the sender relays and raised ours goes on to the others.
+        for &i in &stats.relay {
+            if let Some(item) = batch.items.get(i) {
+                self.queue_but(&item.key, Tag { bounded: false, rule: 0, relay: true }, sender);
+            }
+        }
+        match sender {
             Some(p) => {
                 let heard = self.links.received(p, batch.from_incarnation, batch.items.len(), now);
                 receipt.sender_restarted = heard.sender_restarted;
@@ -609,40 +703,5 @@ impl Region for RedisRegion {
             self.last_state_us.store(0, Ordering::Relaxed);
         }
         Ok(receipt)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use floodgate_core::region::link::KeyQueue;
-    use floodgate_core::region::{Item, Shape};
-
-    use super::{Owed, Queue, Tag};
-
-    fn key(o: Option<Owed>) -> Option<(String, bool)> {
-        o.map(|o| match o {
-            Owed::Key(k, t) => (k, t.bounded),
-            Owed::Read(item, t) => (format!("read {}", item.key), t.bounded),
-        })
-    }
-
-    #[test]
-    fn a_queue_holds_a_key_once_gives_read_items_first_and_skips_keys_taken_by_another_peer() {
-        let mut q = Queue::default();
-        for (k, bounded) in [("a", false), ("b", false)] {
-            let owed = q.absorb(k, Tag { bounded, rule: 1 }).expect("not queued yet");
-            q.push_back(owed);
-        }
-        assert!(q.absorb("a", Tag { bounded: true, rule: 0 }).is_none(), "queued: folded in");
-        assert_eq!(q.len(), 2);
-        // Another peer's read took `b` (its item goes to that peer).
-        q.queued.remove("b");
-        let item = Item { key: "c".into(), fingerprint: 1, shape: Shape::Gcra { slot_us: 1 }, components: vec![] };
-        q.push_back(Owed::Read(item, Tag::default()));
-        assert_eq!((q.len(), q.size()), (2, 2), "the bound counts the order, the length what is owed");
-        assert_eq!(key(q.pop_front()), Some(("read c".into(), false)));
-        assert_eq!(key(q.pop_front()), Some(("a".into(), true)), "bounded if either was");
-        assert_eq!(key(q.pop_front()), None, "b was taken");
-        assert!(q.is_empty());
     }
 }

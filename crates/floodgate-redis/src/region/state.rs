@@ -12,7 +12,7 @@ use crate::script::{SHA, SOURCE, algorithm, global_base, redis_key};
 use crate::store::RedisStore;
 
 /// What storing a peer's batch did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MergeStats {
     /// Components that changed something.
     pub merged: u64,
@@ -22,6 +22,10 @@ pub struct MergeStats {
     pub stale: u64,
     /// Keys whose limits differ from this region's.
     pub mismatched: u64,
+    /// The batch's items (indices) in which a component the sender relays
+    /// (not its own current one) raised this region's: to send on to every
+    /// other peer.
+    pub relay: Vec<usize>,
 }
 
 impl RedisStore {
@@ -89,6 +93,8 @@ impl RedisStore {
                 now.map_or_else(String::new, |n| n.to_string()),
                 me.to_owned(),
                 incarnation.to_string(),
+                batch.from.clone(),
+                batch.from_incarnation.to_string(),
             ];
             for &i in &group {
                 let item = &batch.items[i];
@@ -103,27 +109,33 @@ impl RedisStore {
                     args.extend([region, c.incarnation.to_string(), c.slot.to_string(), c.count.to_string()]);
                 }
             }
-            calls.push((keys, args));
+            calls.push((keys, args, group));
         }
         let mut stats = MergeStats::default();
-        for reply in self.ops(&calls).await? {
+        let groups: Vec<Vec<usize>> = calls.iter().map(|c| c.2.clone()).collect();
+        let calls: Vec<(Vec<&str>, Vec<String>)> = calls.into_iter().map(|(k, a, _)| (k, a)).collect();
+        for (reply, group) in self.ops(&calls).await?.into_iter().zip(groups) {
             let v: Vec<u64> = redis::FromRedisValue::from_redis_value(reply)
                 .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))?;
-            if let [m, u, s, x] = v[..] {
+            if let [m, u, s, x, ref relay @ ..] = v[..] {
                 stats.merged += m;
                 stats.unchanged += u;
                 stats.stale += s;
                 stats.mismatched += x;
+                // 1-based positions in this call's keys.
+                stats.relay.extend(relay.iter().filter_map(|&r| group.get((r as usize).checked_sub(1)?).copied()));
             }
         }
         Ok(stats)
     }
 
     /// What this region holds of `keys` (counter keys) to send a peer: its
-    /// own counts (component region 0, incarnation `incarnation`), and with
-    /// `full` every other component too, their regions numbered in
-    /// `regions` (extended as needed; index 0 is this region). `None` for a
-    /// key nothing is known of.
+    /// own counts (component region 0, incarnation `incarnation`), and for
+    /// the keys whose `every` is set (as many as `keys`, or fewer: the rest
+    /// unset) every other component too (a full state transfer, or what this
+    /// region relays), their regions numbered in `regions` (extended as
+    /// needed; index 0 is this region). `None` for a key nothing is known
+    /// of.
     ///
     /// `rules` (as many as `keys`, or empty) are the keys' rules where the
     /// caller knows them: the read records each on the key's global state,
@@ -134,7 +146,7 @@ impl RedisStore {
         &self,
         keys: &[String],
         rules: &[Option<(&Limit, SyncMode)>],
-        full: bool,
+        every: &[bool],
         incarnation: u64,
         regions: &mut Vec<String>,
         now: Option<u64>,
@@ -146,12 +158,8 @@ impl RedisStore {
         let calls: Vec<(Vec<&str>, Vec<String>)> = groups
             .iter()
             .map(|g| {
-                let mut args = Vec::with_capacity(3 + 2 * g.len());
-                args.extend([
-                    "read".to_owned(),
-                    now.map_or_else(String::new, |n| n.to_string()),
-                    if full { "1" } else { "0" }.to_owned(),
-                ]);
+                let mut args = Vec::with_capacity(3 + 3 * g.len());
+                args.extend(["read".to_owned(), now.map_or_else(String::new, |n| n.to_string()), "0".to_owned()]);
                 // A batch's keys mostly share a rule: its text is made once.
                 let mut last: Option<(u64, String)> = None;
                 for &i in g {
@@ -178,6 +186,7 @@ impl RedisStore {
                         }
                         None => args.extend([String::new(), String::new()]),
                     }
+                    args.push(if every.get(i).copied().unwrap_or(false) { "1" } else { "0" }.to_owned());
                 }
                 (g.iter().map(|&i| bases[i].as_str()).collect(), args)
             })

@@ -320,6 +320,21 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// Every global rule's limit and sync mode in `set` (the domains' rules and
+/// their tiers'), for a Redis region's full state listing.
+pub fn global_rules(set: &RuleSet) -> Vec<(floodgate_core::Limit, SyncMode)> {
+    let mut out = Vec::new();
+    for domain in set.domains() {
+        let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter());
+        for rule in domain.rules().chain(tiers) {
+            if let (Scope::Global(mode), Some(limit)) = (rule.scope, &rule.limit) {
+                out.push((limit.clone(), mode));
+            }
+        }
+    }
+    out
+}
+
 /// What is wrong with `rules`' global rules on an instance with `regions`
 /// regions in all (0: no regions configured): each error positioned, with
 /// what to write instead.
