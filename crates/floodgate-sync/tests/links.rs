@@ -3,13 +3,16 @@
 //! refused, and a peer that is down costs no decision anything.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate_core::region::{GlobalTable, RegionConfig, SyncMode};
 use floodgate_core::{Algorithm, Clock, Limit, SystemClock};
 use floodgate_sync::proto::{SyncAck, SyncBatch, SyncItem};
 use floodgate_sync::{LinkConfig, Peer, SyncServer, SyncStats, run_links};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 struct Node {
@@ -110,7 +113,7 @@ async fn usage_flows_between_regions_and_is_acknowledged() {
     }
     assert_eq!(a.table.unacked("kb"), 5);
     eventually("a's bounded usage acknowledged by both", || a.table.unacked("kb") == 0).await;
-    assert!(a.stats.peer(0).bytes_sent.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(a.stats.peer(0).bytes_sent.load(Ordering::Relaxed) > 0);
     eventually("full state exchanged: nobody warming", || {
         !a.table.warming() && !b.table.warming() && !c.table.warming()
     })
@@ -151,6 +154,75 @@ async fn a_wrong_token_or_a_bad_batch_is_refused() {
     let e = call(bad, Some("s3cret")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("items[0].kind"), "{}", e.message());
-    assert_eq!(a.stats.rejected.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(a.stats.rejected.load(Ordering::Relaxed), 3);
+    let _ = stop_tx.send(true);
+}
+
+/// A relay to `target` that can fall silent: its connections stay open
+/// but nothing passes either way any more (a paused peer, or a link that
+/// drops every packet), which only a timeout notices.
+async fn freezing_relay(target: &str) -> (String, Arc<AtomicBool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let frozen = Arc::new(AtomicBool::new(false));
+    let f = frozen.clone();
+    let target = target.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else { continue };
+            let ((cr, cw), (sr, sw)) = (client.into_split(), server.into_split());
+            tokio::spawn(pipe(cr, sw, f.clone()));
+            tokio::spawn(pipe(sr, cw, f.clone()));
+        }
+    });
+    (url, frozen)
+}
+
+/// Copy `from` to `to` until `frozen`; then swallow everything.
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, frozen: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) if !frozen.load(Ordering::SeqCst) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// A peer that falls silent is shown down at most an interval plus the
+/// sync timeout after its last acknowledgement: an idle link sends a
+/// heartbeat every interval (it sent one a second, so it took ~1.5 s
+/// here), and each call gives up after the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_is_down_within_an_interval_and_the_timeout_of_its_last_ack() {
+    let (stop_tx, stop) = watch::channel(false);
+    let (a, _la) = node("a", &["b"]).await;
+    let (b, lb) = node("b", &["a"]).await;
+    serve(&b, lb, None, stop.clone());
+    let (url, frozen) = freezing_relay(&b.url).await;
+    let (interval, timeout) = (Duration::from_millis(100), Duration::from_millis(300));
+    let cfg = LinkConfig { interval, timeout, token: None };
+    tokio::spawn(run_links(a.table.clone(), vec![Peer { name: "b".into(), url }], cfg, a.stats.clone(), stop));
+    let up = || a.stats.peer(0).up.load(Ordering::Relaxed);
+    eventually("a reaches b", up).await;
+    // Idle for a while: only heartbeats keep the link up.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(up(), "heartbeats keep an idle link up");
+    frozen.store(true, Ordering::SeqCst);
+    eventually("a sees b down", || !up()).await;
+    let clock = SystemClock::new();
+    let since_ack = Duration::from_micros(clock.now_us().saturating_sub(a.table.link_stats(0).last_ack_us));
+    // The bound, plus room for a busy machine's scheduling (under the
+    // second an old heartbeat period alone added).
+    assert!(
+        since_ack <= interval + timeout + Duration::from_millis(400),
+        "b shown down {since_ack:?} after its last acknowledgement (bound: {:?})",
+        interval + timeout
+    );
     let _ = stop_tx.send(true);
 }

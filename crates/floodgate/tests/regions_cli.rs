@@ -6,6 +6,11 @@
 //! bounded cap holds, nothing is lost or counted twice after a cut link
 //! heals, after a memory region restarts with its state lost, or after the
 //! Redis region's Redis does, and decisions never wait for another region.
+//! Through crashes (SIGKILL): the bounded cap holds through a crash loop of
+//! the memory region and of the Redis region with its Redis restarted
+//! empty; the regions agree again after a crash during a partition; a
+//! Redis region's instance that dies before sending a key's first hits
+//! loses nothing and leaves no bounded key blocked.
 //!
 //! Skips, saying why, only where namespaces cannot be made (not root).
 
@@ -38,7 +43,11 @@ descriptors:
     rate_limit: {window: 365d, requests_per_unit: 60, scope: global}
   - key: team
     rate_limit: {window: 365d, requests_per_unit: 600, scope: global, sync: bounded, overshoot: 50%}
+  - key: capped
+    rate_limit: {window: 365d, requests_per_unit: 120, scope: global, sync: bounded, overshoot: 5%}
 ";
+/// `capped`'s cap: 120 and 5% over (a slice of 2 per region).
+const CAP: u64 = 126;
 const WINDOW_MS: u64 = 365 * 86_400_000;
 
 /// One-way latency between regions `i` and `j`, ms.
@@ -149,6 +158,72 @@ impl World {
     fn ready(&self, i: usize) -> Value {
         let (_, text) = http_get(&self.regions[i].http, "/readyz");
         serde_json::from_str(&text).unwrap()
+    }
+
+    /// Whether region `i` admits on bounded rules (every peer has recorded
+    /// its incarnation).
+    fn bounded_open(&self, i: usize) -> bool {
+        self.ready(i)["regions"]["bounded_open"] == true
+    }
+
+    /// Kill memory region `i` (SIGKILL: nothing it had not sent survives)
+    /// and start it again with the same flags.
+    fn crash(&mut self, i: usize) {
+        drop(self.regions[i].served.take());
+        let served = self.start_region(i);
+        self.regions[i].http = served.http.clone();
+        self.regions[i].served = Some(served);
+    }
+
+    /// Kill region b's instances and its Redis, which starts again empty;
+    /// then its instances.
+    fn crash_b_with_its_redis(&mut self, tag: &str, n: usize) {
+        drop(self.regions[1].served.take());
+        drop(self.regions[1].second.take());
+        drop(self.redis.take());
+        self.redis = Some(NsRedis::start(&self.hosts[1], TempDir::new(&format!("region-b-redis-crash{n}-{tag}"))));
+        let served = self.start_instance(1, 0);
+        self.regions[1].http = served.http.clone();
+        self.regions[1].served = Some(served);
+        self.regions[1].second = Some(self.start_instance(1, 1));
+    }
+
+    /// Single hits of `key`/`value` at every region at once, until none
+    /// has been admitted anywhere for 1.5 s (a bounded key's small slices
+    /// admit a few per acknowledgement round trip), at most 20 s: the hits
+    /// admitted.
+    fn flood(&self, key: &str, value: &str) -> u64 {
+        let start = Instant::now();
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        let last_ms = std::sync::atomic::AtomicU64::new(0);
+        let done = || {
+            let now = start.elapsed();
+            now > Duration::from_secs(20)
+                || now.saturating_sub(Duration::from_millis(last_ms.load(std::sync::atomic::Ordering::SeqCst)))
+                    > Duration::from_millis(1_500)
+        };
+        std::thread::scope(|s| {
+            for i in 0..3 {
+                let (admitted, last_ms, done) = (&admitted, &last_ms, &done);
+                s.spawn(move || {
+                    while !done() {
+                        if self.check(i, key, value, 1)["allowed"] == true {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            last_ms.store(start.elapsed().as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        admitted.into_inner()
+    }
+
+    /// Cut (or heal) the link between regions `i` and `j`, both ways.
+    fn cut(&self, i: usize, j: usize, cut: bool) {
+        for (x, y) in [(i, j), (j, i)] {
+            let relay = self.relays[x][y].as_ref().unwrap();
+            if cut { relay.cut() } else { relay.heal() }
+        }
     }
 }
 
@@ -327,6 +402,115 @@ fn three_regions_share_global_limits_over_a_wan() {
     eventually("b has every peer's full state again", || world.ready(1)["regions"]["warming"] == false);
     assert_eq!(world.check(1, "user", "u1", 5)["allowed"], true);
     eventually("5 more from b, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 870));
+
+    // 7. A crash loop (a memory region): c, warm, spends its slice of a
+    //    bounded key in a burst and is killed at once (SIGKILL), five
+    //    times; what it admitted never reached a peer. Each dead
+    //    incarnation costs every bounded decision a slice, so all three
+    //    flooding the key afterwards admit, with c's bursts, at most the
+    //    cap (it was 129-134 before the crash charges).
+    let mut bursts = 0;
+    for _ in 0..5 {
+        eventually("c admits on bounded rules", || world.bounded_open(2));
+        for _ in 0..6 {
+            bursts += u64::from(world.check(2, "capped", "k1", 1)["allowed"] == true);
+        }
+        world.crash(2);
+    }
+    assert!(bursts >= 5, "c admitted {bursts} in its five bursts: each at least one");
+    eventually("c admits on bounded rules", || world.bounded_open(2));
+    for i in 0..3 {
+        eventually("every region knows c's five dead incarnations", || {
+            world.ready(i)["regions"]["dead_incarnations"].as_u64().unwrap() >= 5
+        });
+    }
+    let dead = world.ready(0)["regions"]["dead_incarnations"].as_u64().unwrap();
+    let flooded = world.flood("capped", "k1");
+    eprintln!(
+        "crash loop of c: {bursts} admitted in its bursts, {flooded} in the flood; {dead} dead incarnations; cap {CAP}"
+    );
+    assert!(bursts + flooded <= CAP, "{bursts} + {flooded} admitted, above the cap of {CAP}");
+    // Each dead incarnation (c's and b's so far) costs at most two slices
+    // of the limit: its charge, and its usage if that arrives too.
+    assert!(
+        bursts + flooded >= 120 - 2 * 2 * dead,
+        "{bursts} + {flooded}: the limit is reached, less the charges of {dead} dead incarnations"
+    );
+
+    // 8. A crash during a partition (eventual): b-c cut, 10 hits in each
+    //    region, c killed while still cut off from b, the cut healed, c
+    //    back. a passes c's hits on to b (what a learns from a third
+    //    region goes on to every peer but the sender), so every region
+    //    agrees on 30 (b stayed at 20 before).
+    world.cut(1, 2, true);
+    for i in 0..3 {
+        for _ in 0..10 {
+            assert_eq!(world.check(i, "user", "u3", 1)["allowed"], true);
+        }
+    }
+    eventually("a sees every region's 10", || world.remaining(0, "user", "u3") == 970);
+    drop(world.regions[2].served.take());
+    world.cut(1, 2, false);
+    world.crash(2);
+    eventually("every region counts 30 of u3 after c's crash", || {
+        (0..3).all(|i| world.remaining(i, "user", "u3") == 970)
+    });
+
+    // 9. A Redis region's instance (not its Redis) dies right after a
+    //    key's first hits, before it sent them: Redis kept them, and the
+    //    next instance's full state lists every global rule's keys, so
+    //    they reach every peer, and the bounded key's slice is free again
+    //    once they are acknowledged (b denied every hit before).
+    let before: Vec<u64> = (0..3).map(|i| world.remaining(i, "capped", "k3")).collect();
+    let b2 = world.regions[1].second.take().unwrap();
+    for _ in 0..2 {
+        assert_eq!(world.check_at(&b2.http, "capped", "k3", 1)["allowed"], true);
+    }
+    for _ in 0..5 {
+        assert_eq!(world.check_at(&b2.http, "user", "u5", 1)["allowed"], true);
+    }
+    drop(b2);
+    world.regions[1].second = Some(world.start_instance(1, 1));
+    eventually("a and c see the dead instance's hits", || {
+        [0, 2]
+            .iter()
+            .all(|&i| world.remaining(i, "user", "u5") == 995 && world.remaining(i, "capped", "k3") == before[i] - 2)
+    });
+    eventually("b admits on the bounded key again", || world.check(1, "capped", "k3", 1)["allowed"] == true);
+
+    // 10. Region b's instances die with its Redis, which restarts empty:
+    //     three times, each after a burst on a bounded key (the crash
+    //     loop for a Redis region); then every region floods it.
+    let mut bursts = 0;
+    for n in 0..3 {
+        eventually("b admits on bounded rules", || world.bounded_open(1));
+        for _ in 0..6 {
+            bursts += u64::from(world.check(1, "capped", "k4", 1)["allowed"] == true);
+        }
+        world.crash_b_with_its_redis(&tag, n);
+    }
+    assert!(bursts >= 3, "b admitted {bursts} in its three bursts: each at least one");
+    eventually("b admits on bounded rules", || world.bounded_open(1));
+    let flooded = world.flood("capped", "k4");
+    eprintln!("crash loop of b with its Redis: {bursts} admitted in its bursts, {flooded} in the flood; cap {CAP}");
+    assert!(bursts + flooded <= CAP, "{bursts} + {flooded} admitted, above the cap of {CAP}");
+
+    // 11. And during a partition: b cut off from c, 10 hits in each
+    //     region, b dies with its Redis while cut off, the cut heals:
+    //     every region agrees on 30 (a passes b's hits on to c, and back
+    //     to b's new incarnation).
+    world.cut(1, 2, true);
+    for i in 0..3 {
+        for _ in 0..10 {
+            assert_eq!(world.check(i, "user", "u6", 1)["allowed"], true);
+        }
+    }
+    eventually("a sees every region's 10", || world.remaining(0, "user", "u6") == 970);
+    world.crash_b_with_its_redis(&tag, 3);
+    world.cut(1, 2, false);
+    eventually("every region counts 30 of u6 after b's crash", || {
+        (0..3).all(|i| world.remaining(i, "user", "u6") == 970)
+    });
     drop(world.regions);
     drop(world.redis);
     drop(world.relays);

@@ -5,7 +5,10 @@
 //! spread over every primary, the bounded cap holds (acknowledgements land
 //! per hash slot), a memory region that restarts empty gets back every
 //! count from the cluster (the full state lists every primary's keys), and
-//! a slot moved between primaries mid-test loses no count.
+//! a slot moved between primaries mid-test loses no count. Through crashes:
+//! an instance that dies before sending a key's first hits loses nothing
+//! (the cluster kept them) and leaves no bounded key blocked, and the
+//! bounded cap holds through a crash loop that loses the cluster's data.
 
 mod cli;
 mod common;
@@ -25,7 +28,11 @@ descriptors:
     rate_limit: {window: 365d, requests_per_unit: 1000, scope: global}
   - key: team
     rate_limit: {window: 365d, requests_per_unit: 600, scope: global, sync: bounded, overshoot: 50%}
+  - key: capped
+    rate_limit: {window: 365d, requests_per_unit: 120, scope: global, sync: bounded, overshoot: 5%}
 ";
+/// `capped`'s cap: 120 and 5% over (a slice of 3 per region).
+const CAP: u64 = 126;
 const USERS: usize = 40;
 
 struct World {
@@ -71,9 +78,46 @@ fn remaining(at: &str, key: &str, value: &str) -> u64 {
     check(at, key, value, 0)["descriptors"][0]["remaining"].as_u64().unwrap()
 }
 
-fn warm(at: &str) -> bool {
+fn regions(at: &str) -> Value {
     let (_, text) = http_get(at, "/readyz");
-    serde_json::from_str::<Value>(&text).unwrap()["regions"]["warming"] == false
+    serde_json::from_str::<Value>(&text).unwrap()["regions"].clone()
+}
+
+fn warm(at: &str) -> bool {
+    regions(at)["warming"] == false
+}
+
+/// Whether the instance at `at` admits on bounded rules (every peer has
+/// recorded its region's incarnation).
+fn bounded_open(at: &str) -> bool {
+    regions(at)["bounded_open"] == true
+}
+
+/// Single hits of `key`/`value` at each of `at` at once, until none has
+/// been admitted for 1.5 s (at most 20 s): the hits admitted.
+fn flood(at: &[&str], key: &str, value: &str) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let start = Instant::now();
+    let (admitted, last_ms) = (AtomicU64::new(0), AtomicU64::new(0));
+    let done = || {
+        let now = start.elapsed();
+        now > Duration::from_secs(20)
+            || now.saturating_sub(Duration::from_millis(last_ms.load(Ordering::SeqCst))) > Duration::from_millis(1_500)
+    };
+    std::thread::scope(|s| {
+        for at in at {
+            let (admitted, last_ms, done) = (&admitted, &last_ms, &done);
+            s.spawn(move || {
+                while !done() {
+                    if check(at, key, value, 1)["allowed"] == true {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        last_ms.store(start.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    admitted.into_inner()
 }
 
 /// Wait up to 30 s for `cond`.
@@ -167,5 +211,53 @@ fn a_region_on_a_redis_cluster_shares_global_limits() {
     eventually("u7's 10 counted once everywhere", || {
         [&a1.http, &a2.http, &b.http].iter().all(|at| remaining(at, "user", "u7") == 990)
     });
+
+    // 5. One of a's instances (not the cluster) dies right after a key's
+    //    first hits, before it sent them: the cluster kept them, and the
+    //    next instance's full state lists every global rule's keys on
+    //    every primary, so they reach b, and the bounded key's slice is
+    //    free again once they are acknowledged.
+    let before = (remaining(&b.http, "capped", "k1"), remaining(&a1.http, "capped", "k1"));
+    for _ in 0..3 {
+        assert_eq!(check(&a2.http, "capped", "k1", 1)["allowed"], true);
+    }
+    for _ in 0..5 {
+        assert_eq!(check(&a2.http, "user", "u100", 1)["allowed"], true);
+    }
+    drop(a2);
+    let a2 = world.start(1);
+    eventually("b sees the dead instance's hits", || {
+        remaining(&b.http, "user", "u100") == 995 && remaining(&b.http, "capped", "k1") == before.0 - 3
+    });
+    assert_eq!(remaining(&a1.http, "capped", "k1"), before.1 - 3, "the cluster kept them");
+    eventually("a admits on the bounded key again", || check(&a1.http, "capped", "k1", 1)["allowed"] == true);
+
+    // 6. A crash loop with the cluster's data lost: three times, a spends its
+    //    slice of a bounded key in a burst, and both its instances die as
+    //    every primary loses its keys (FLUSHALL: replicas follow). Each
+    //    dead incarnation costs every bounded decision a slice, so with
+    //    the bursts the regions admit at most the cap (without the
+    //    charges: the limit, and the bursts beyond it, 129 at least).
+    let (mut a1, mut a2) = (a1, a2);
+    let mut bursts = 0;
+    for _ in 0..3 {
+        eventually("a admits on bounded rules", || bounded_open(&a1.http));
+        for _ in 0..8 {
+            bursts += u64::from(check(&a1.http, "capped", "k2", 1)["allowed"] == true);
+        }
+        drop((a1, a2));
+        for &p in &primaries {
+            assert_eq!(world.cluster.nodes[p].cli(&["FLUSHALL"]).trim(), "OK");
+        }
+        a1 = world.start(0);
+        a2 = world.start(1);
+    }
+    assert!(bursts >= 3, "a admitted {bursts} in its three bursts: each at least one");
+    eventually("a admits on bounded rules", || bounded_open(&a1.http) && bounded_open(&a2.http));
+    let flooded = flood(&[&a1.http, &a2.http, &b.http], "capped", "k2");
+    eprintln!(
+        "crash loop of a with the cluster's data lost: {bursts} admitted in its bursts, {flooded} in the flood; cap {CAP}"
+    );
+    assert!(bursts + flooded <= CAP, "{bursts} + {flooded} admitted, above the cap of {CAP}");
     drop((a1, a2, b));
 }

@@ -177,6 +177,18 @@ impl GlobalTable {
         self.links.warming() && !self.links.heard_full()
     }
 
+    /// Whether bounded rules admit: every peer has recorded this
+    /// incarnation, and no later one of this region exists.
+    pub fn bounded_open(&self) -> bool {
+        self.links.recorded_by_all() && !self.superseded.load(Ordering::Relaxed)
+    }
+
+    /// Dead incarnations known (of every region): each costs a bounded
+    /// decision a slice while its span counts.
+    pub fn dead_incarnations(&self) -> u64 {
+        self.incarnations.deaths()
+    }
+
     /// What a region whose state outlives its instance (a Redis region)
     /// goes through when its instance dies: the state stays, every link
     /// forgets what it had queued and sent, and no key is queued or waits

@@ -491,6 +491,24 @@ impl RedisRegion {
         self.links.warming()
     }
 
+    /// Whether the region knows nothing yet (its Redis restarted empty) and
+    /// no peer's full state has arrived: eventual rules admit nothing until
+    /// one does or the warm-up wait is over.
+    pub fn cold(&self) -> bool {
+        self.links.warming() && self.cold_until_us.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether bounded rules admit: every peer has recorded the region's
+    /// incarnation.
+    pub fn bounded_open(&self) -> bool {
+        self.links.recorded_by_all()
+    }
+
+    /// Dead incarnations known (of every region).
+    pub fn dead_incarnations(&self) -> u64 {
+        self.deaths.deaths()
+    }
+
     /// The region's incarnation (0 until read from Redis).
     pub fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)

@@ -67,6 +67,32 @@ impl RegionState {
         }
     }
 
+    /// Whether eventual rules admit nothing yet (no peer's full state, the
+    /// warm-up wait not over).
+    pub fn cold(&self) -> bool {
+        match self {
+            Self::Memory(t) => t.cold(),
+            Self::Redis(r) => r.cold(),
+        }
+    }
+
+    /// Whether bounded rules admit (every peer has recorded this
+    /// incarnation).
+    pub fn bounded_open(&self) -> bool {
+        match self {
+            Self::Memory(t) => t.bounded_open(),
+            Self::Redis(r) => r.bounded_open(),
+        }
+    }
+
+    /// Dead incarnations known, of every region.
+    pub fn dead_incarnations(&self) -> u64 {
+        match self {
+            Self::Memory(t) => t.dead_incarnations(),
+            Self::Redis(r) => r.dead_incarnations(),
+        }
+    }
+
     /// The region's incarnation.
     pub fn incarnation(&self) -> u64 {
         match self {
@@ -302,6 +328,9 @@ impl Regions {
             "region": self.config.region,
             "incarnation": format!("{:016x}", self.state.incarnation()),
             "warming": self.state.warming(),
+            "cold": self.state.cold(),
+            "bounded_open": self.state.bounded_open(),
+            "dead_incarnations": self.state.dead_incarnations(),
             "state": match self.state { RegionState::Memory(_) => "memory", RegionState::Redis(_) => "redis" },
             "peers": peers,
             "note": if down > 0 {
