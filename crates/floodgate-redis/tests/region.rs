@@ -425,3 +425,46 @@ fn table_with(change: impl FnOnce(&mut RegionConfig), recorded: bool) -> GlobalT
     }
     t
 }
+
+/// The sync's common read — a window key's own counts, its rule recorded —
+/// is a plain `MGET`, no script; a key whose record is due goes through the
+/// script again, which records it anew.
+#[test]
+fn a_recorded_window_key_is_read_without_the_script_until_its_record_is_due() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let mode = SyncMode::Eventual;
+    let limit = Limit::new(Algorithm::SlidingWindow, 100, Duration::from_secs(3_600)).unwrap();
+    let now = T0 + 1_000;
+    let check = Check { key: "v", limit: &limit, hits: 3, enforce: true, scope: Scope::Global(mode) };
+    let mut out = Vec::new();
+    rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+    assert!(out.pop().unwrap().unwrap().allowed);
+    let scripts = || -> u64 {
+        let info = server.cli(&["INFO", "commandstats"]);
+        let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")).unwrap_or("");
+        line.split(&[':', ',', '='][..]).skip_while(|f| *f != "calls").nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    let mut regions = vec!["a".to_owned()];
+    let mut read = |at: u64| {
+        let r = rt.block_on(redis.read_global(&["v"], &[Some((&limit, mode))], &[], INC_A, &mut regions, Some(at)));
+        let item = r.unwrap()[0].clone().expect("the key is known by its rule");
+        (item.fingerprint, item.components.iter().map(|c| (c.region, c.slot, c.count)).collect::<Vec<_>>())
+    };
+    let before = scripts();
+    let first = read(now);
+    assert_eq!(scripts(), before + 1, "the first read records the rule, in the script");
+    assert_eq!(first.1.iter().map(|c| c.2).sum::<u64>(), 3);
+    assert_eq!(read(now + 1_000_000), first, "read as the script reads it");
+    assert_eq!(scripts(), before + 1, "a recorded key is read with a plain MGET");
+    // The record is due at half the rule's life on G:m: (horizon 2 + 2)
+    // slots of an hour and the window, 5 h.
+    let due = now + 9_000_000_000;
+    assert_eq!(read(due - 1).0, first.0);
+    assert_eq!(scripts(), before + 1);
+    let later = read(due);
+    assert_eq!(scripts(), before + 2, "a due record goes through the script again");
+    assert_eq!(read(due + 1), later, "read as the script read it");
+    assert_eq!(scripts(), before + 2, "recorded anew");
+}

@@ -38,7 +38,7 @@ pub use state::MergeStats;
 
 use crate::global::RegionCtx;
 use crate::{RedisConfig, RedisStore};
-use queue::{KeyMap, Owed, Queue, Tag};
+use queue::{Key, KeyMap, Owed, Queue, Tag};
 use record::Record;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -79,7 +79,7 @@ pub struct RedisRegion {
     /// The fingerprint last put in `rules` (most decisions need no lock).
     last_rule: AtomicU64,
     /// Keys waiting to be queued, and failing links.
-    lazy: Lazy<String>,
+    lazy: Lazy<Key>,
     interval_us: u64,
     last_state_us: AtomicU64,
     /// What this instance's merges did (`keys` stays 0: they are in Redis).
@@ -291,7 +291,7 @@ impl RedisRegion {
         let bounded = matches!(mode, SyncMode::Bounded { .. });
         if bounded || self.links.warming() || self.lazy.eager() {
             lock(&self.pending).remove(key);
-            self.queue(key, Tag { bounded, rule, relay: false });
+            self.queue(&Key::from(key), Tag { bounded, rule, relay: false });
             return;
         }
         let mut pending = lock(&self.pending);
@@ -300,18 +300,17 @@ impl RedisRegion {
                 *e = (e.0.saturating_add(hits), rule);
                 (e.0, false)
             }
-            None => {
-                pending.insert(key.to_owned(), (hits, rule));
-                (hits, true)
-            }
+            None => (hits, true),
         };
         if !can_wait(unsent, remaining, self.peers.len() + 1) {
             pending.remove(key);
             drop(pending);
-            self.queue(key, Tag { bounded: false, rule, relay: false });
+            self.queue(&Key::from(key), Tag { bounded: false, rule, relay: false });
         } else if new {
+            let key = Key::from(key);
+            pending.insert(key.clone(), (hits, rule));
             drop(pending);
-            self.lazy.wait(self.clock.now_us(), key.to_owned());
+            self.lazy.wait(self.clock.now_us(), key);
         }
     }
 
@@ -332,22 +331,22 @@ impl RedisRegion {
     }
 
     /// Queue `key` for every peer.
-    fn queue(&self, key: &str, tag: Tag) {
+    fn queue(&self, key: &Key, tag: Tag) {
         self.queue_but(key, tag, None);
     }
 
     /// Queue `key` for every peer but `but`.
-    fn queue_but(&self, key: &str, tag: Tag, but: Option<usize>) {
+    fn queue_but(&self, key: &Key, tag: Tag, but: Option<usize>) {
         for p in (0..self.links.len()).filter(|&p| Some(p) != but) {
             self.links.push_with(p, |q| q.absorb(key, tag));
         }
     }
 
     /// Queue `keys` from the lazy list, those still waiting.
-    fn queue_lazy(&self, keys: Vec<String>) {
+    fn queue_lazy(&self, keys: Vec<Key>) {
         for k in keys {
             // Gone when an urgent touch has queued it since.
-            let waiting = lock(&self.pending).remove(&k);
+            let waiting = lock(&self.pending).remove(&*k);
             if let Some((_, rule)) = waiting {
                 self.queue(&k, Tag { bounded: false, rule, relay: false });
             }
@@ -360,7 +359,7 @@ impl RedisRegion {
         for owed in keys {
             let (key, tag) = match owed {
                 Owed::Key(k, tag) => (k, tag),
-                Owed::Read(item, tag) => (item.key, tag),
+                Owed::Read(item, tag) => (Key::from(item.key), tag),
             };
             self.links.push_with(p, |q| q.absorb(&key, Tag { relay: true, ..tag }));
         }
@@ -386,7 +385,7 @@ impl RedisRegion {
     /// key whose global state is recorded (`:g:m`: peers' counts among
     /// them). `None` while Redis fails (the transfer is started again
     /// later).
-    async fn all_keys(&self) -> Option<Vec<(String, Tag)>> {
+    async fn all_keys(&self) -> Option<Vec<(Key, Tag)>> {
         let prefix = &self.store.config().key_prefix;
         let pattern = format!("{prefix}*");
         let found = match self.store.scan(&pattern, SCAN_TIMEOUT).await {
@@ -413,7 +412,7 @@ impl RedisRegion {
             let Some(body) = k.strip_prefix(prefix.as_str()) else { continue };
             if let Some(base) = body.strip_suffix(":g:m") {
                 if let Some(key) = counter_key(base) {
-                    keys.entry(key).or_default();
+                    keys.entry(key.into()).or_default();
                 }
             } else if let Some((base, fp)) = body.rsplit_once(':')
                 && let Some((limit, mode)) = rules.get(fp)
@@ -424,7 +423,7 @@ impl RedisRegion {
                     rule: self.rule(limit, *mode),
                     relay: false,
                 };
-                keys.insert(key, tag);
+                keys.insert(key.into(), tag);
             }
         }
         Some(keys.into_iter().collect())
@@ -449,7 +448,7 @@ impl RedisRegion {
     /// Take `keys` out of every other peer's queue that has them (a peer
     /// that is failing, or holds enough shared items already, reads its
     /// own): per peer, the keys taken and their tags there.
-    fn take_for_others(&self, p: usize, keys: &[(String, Tag)]) -> Vec<(usize, Vec<(String, Tag)>)> {
+    fn take_for_others(&self, p: usize, keys: &[(Key, Tag)]) -> Vec<(usize, Vec<(Key, Tag)>)> {
         let mut taken = Vec::new();
         for q in (0..self.links.len()).filter(|&q| q != p) {
             let mut link = self.links.lock(q);
@@ -461,7 +460,7 @@ impl RedisRegion {
                 continue;
             }
             // Not a key it relays (this read may have only own counts).
-            let mut ks: Vec<(String, Tag)> = Vec::new();
+            let mut ks: Vec<(Key, Tag)> = Vec::new();
             for (k, _) in keys {
                 if queue.queued.get(k).is_some_and(|t| !t.relay)
                     && let Some(tag) = queue.queued.remove(k)
@@ -545,7 +544,7 @@ impl Region for RedisRegion {
                 Take::Batch(plan) => break plan,
             }
         };
-        let mut keys: Vec<(String, Tag)> = Vec::new();
+        let mut keys: Vec<(Key, Tag)> = Vec::new();
         let mut shared: Vec<(Item, Tag)> = Vec::new();
         for owed in std::mem::take(&mut plan.keys) {
             match owed {
@@ -558,7 +557,7 @@ impl Region for RedisRegion {
         // them, and a hit after it queues the key again.
         let taken = if plan.full { Vec::new() } else { self.take_for_others(p, &keys) };
         let mut regions = vec![self.name.clone()];
-        let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
+        let names: Vec<&str> = keys.iter().map(|(k, _)| &**k).collect();
         let read = if names.is_empty() {
             Ok(Vec::new())
         } else {
@@ -583,11 +582,11 @@ impl Region for RedisRegion {
             return None;
         };
         if !taken.is_empty() {
-            let at: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, (k, _))| (k.as_str(), i)).collect();
+            let at: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, (k, _))| (&**k, i)).collect();
             for (q, ks) in taken {
                 let mut link = self.links.lock(q);
                 for (k, b) in ks {
-                    if let Some(item) = at.get(k.as_str()).and_then(|&i| read[i].as_ref()) {
+                    if let Some(item) = at.get(&*k).and_then(|&i| read[i].as_ref()) {
                         link.queue_mut().shared.push_back((item.clone(), b));
                     }
                 }
@@ -595,10 +594,10 @@ impl Region for RedisRegion {
         }
         let mut items: Vec<Item> = read.into_iter().flatten().collect();
         for (item, b) in shared {
-            keys.push((item.key.clone(), b));
+            keys.push((Key::from(item.key.as_str()), b));
             items.push(item);
         }
-        let bounded: HashSet<&str> = keys.iter().filter(|(_, t)| t.bounded).map(|(k, _)| k.as_str()).collect();
+        let bounded: HashSet<&str> = keys.iter().filter(|(_, t)| t.bounded).map(|(k, _)| &**k).collect();
         let confirms: Confirms = items
             .iter()
             .filter(|item| bounded.contains(item.key.as_str()))
@@ -697,7 +696,7 @@ impl Region for RedisRegion {
         // What the sender relays and raised ours goes on to the others.
         for &i in &stats.relay {
             if let Some(item) = batch.items.get(i) {
-                self.queue_but(&item.key, Tag { bounded: false, rule: 0, relay: true }, sender);
+                self.queue_but(&Key::from(item.key.as_str()), Tag { bounded: false, rule: 0, relay: true }, sender);
             }
         }
         match sender {

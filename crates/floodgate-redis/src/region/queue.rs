@@ -3,13 +3,18 @@
 //! shared with it.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use floodgate_core::region::Item;
 use floodgate_core::region::link::KeyQueue;
 
+/// A key as the instance's sync holds it: made once when a decision first
+/// queues it, shared by the lazy list and every peer's queue.
+pub(super) type Key = Arc<str>;
+
 /// The maps of keys (client-chosen): foldhash, randomly seeded against hash
 /// flooding, as the memory store's and the memory region's tables.
-pub(super) type KeyMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+pub(super) type KeyMap<V> = HashMap<Key, V, foldhash::fast::RandomState>;
 
 /// What a queued key carries.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,7 +46,7 @@ impl Tag {
 #[derive(Debug)]
 pub(super) enum Owed {
     /// A key to read.
-    Key(String, Tag),
+    Key(Key, Tag),
     /// An item another peer's batch read from Redis after this peer's queue
     /// had its key: as new as a read of its own would be, so it goes out
     /// without one (every peer's queue has about the same keys, and reading
@@ -55,7 +60,7 @@ pub(super) enum Owed {
 pub(super) struct Queue {
     /// Keys to send, oldest first; one not in `queued` (taken since by
     /// another peer's read) is skipped.
-    pub(super) order: VecDeque<String>,
+    pub(super) order: VecDeque<Key>,
     /// The keys in `order`, each with its tag.
     pub(super) queued: KeyMap<Tag>,
     pub(super) shared: VecDeque<(Item, Tag)>,
@@ -64,13 +69,13 @@ pub(super) struct Queue {
 impl Queue {
     /// Fold `key` into the same key queued already (`None`), or make what
     /// to queue.
-    pub(super) fn absorb(&mut self, key: &str, tag: Tag) -> Option<Owed> {
-        match self.queued.get_mut(key) {
+    pub(super) fn absorb(&mut self, key: &Key, tag: Tag) -> Option<Owed> {
+        match self.queued.get_mut(&**key) {
             Some(t) => {
                 t.join(tag);
                 None
             }
-            None => Some(Owed::Key(key.to_owned(), tag)),
+            None => Some(Owed::Key(key.clone(), tag)),
         }
     }
 }
@@ -118,7 +123,7 @@ mod tests {
 
     fn key(o: Option<Owed>) -> Option<(String, bool)> {
         o.map(|o| match o {
-            Owed::Key(k, t) => (k, t.bounded),
+            Owed::Key(k, t) => (k.to_string(), t.bounded),
             Owed::Read(item, t) => (format!("read {}", item.key), t.bounded),
         })
     }
@@ -127,10 +132,10 @@ mod tests {
     fn a_queue_holds_a_key_once_gives_read_items_first_and_skips_keys_taken_by_another_peer() {
         let mut q = Queue::default();
         for (k, bounded) in [("a", false), ("b", false)] {
-            let owed = q.absorb(k, Tag { bounded, rule: 1, relay: false }).expect("not queued yet");
+            let owed = q.absorb(&k.into(), Tag { bounded, rule: 1, relay: false }).expect("not queued yet");
             q.push_back(owed);
         }
-        assert!(q.absorb("a", Tag { bounded: true, rule: 0, relay: false }).is_none(), "queued: folded in");
+        assert!(q.absorb(&"a".into(), Tag { bounded: true, rule: 0, relay: false }).is_none(), "queued: folded in");
         assert_eq!(q.len(), 2);
         // Another peer's read took `b` (its item goes to that peer).
         q.queued.remove("b");

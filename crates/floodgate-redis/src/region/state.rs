@@ -5,10 +5,10 @@
 //! acknowledged. Moving them between regions is [`super::RedisRegion`]'s.
 
 use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of};
-use floodgate_core::{Limit, StoreError};
+use floodgate_core::{Algorithm, Limit, StoreError};
 use redis::cluster_routing::Slot;
 
-use crate::script::{SHA, SOURCE, algorithm, global_base, redis_key};
+use crate::script::{SHA, SOURCE, algorithm, global_base, global_key, redis_key};
 use crate::store::RedisStore;
 
 /// What storing a peer's batch did.
@@ -32,6 +32,16 @@ impl RedisStore {
     /// The base key of a counter key's global state.
     fn base(&self, key: &str) -> String {
         global_base(&self.config().key_prefix, key)
+    }
+
+    /// Group the indices `of` (into `keys`, counter keys) by their global
+    /// state's hash slot (one group on one server).
+    fn by_slot_of<K: AsRef<str>>(&self, keys: &[K], of: &[usize]) -> Vec<Vec<usize>> {
+        if !matches!(self.config().target, crate::Target::Cluster(_)) {
+            return vec![of.to_vec()];
+        }
+        let bases: Vec<String> = of.iter().map(|&i| self.base(keys[i].as_ref())).collect();
+        self.by_slot(&bases).into_iter().map(|g| g.into_iter().map(|j| of[j]).collect()).collect()
     }
 
     /// Group `keys`' indices by hash slot (one group on one server).
@@ -142,18 +152,73 @@ impl RedisStore {
     /// which is where a window algorithm's rule is recorded (its decisions
     /// leave that to this read; see `scripts/global.lua`). A key read
     /// without its rule is read by the rule recorded there, if any.
-    pub async fn read_global(
+    ///
+    /// A window key (fixed or sliding window) read for its own counts with
+    /// its rule, the common case of every batch, is read with a plain
+    /// `MGET` of its state and its record `G:r`, no script; those whose
+    /// record is missing, of another rule or due go through the script,
+    /// which records it.
+    pub async fn read_global<K: AsRef<str> + Sync>(
         &self,
-        keys: &[String],
+        keys: &[K],
         rules: &[Option<(&Limit, SyncMode)>],
         every: &[bool],
         incarnation: u64,
         regions: &mut Vec<String>,
         now: Option<u64>,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        let bases: Vec<String> = keys.iter().map(|k| self.base(k)).collect();
         let mut out: Vec<Option<Item>> = vec![None; keys.len()];
-        let groups = self.by_slot(&bases);
+        let plain = |i: usize| -> Option<(&Limit, SyncMode)> {
+            let (limit, mode) = rules.get(i).copied().flatten()?;
+            let window = matches!(limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow);
+            (window && !every.get(i).copied().unwrap_or(false) && shape_of(limit).is_some()).then_some((limit, mode))
+        };
+        let fast: Vec<usize> = (0..keys.len()).filter(|&i| plain(i).is_some()).collect();
+        let mut rest: Vec<usize> = (0..keys.len()).filter(|&i| plain(i).is_none()).collect();
+        if !fast.is_empty() {
+            let prefix = &self.config().key_prefix;
+            let now_us = now.unwrap_or_else(|| floodgate_core::Clock::now_us(&floodgate_core::SystemClock::new()));
+            let groups = self.by_slot_of(keys, &fast);
+            let calls: Vec<_> = groups
+                .iter()
+                .map(|g| {
+                    let mut cmd = redis::cmd("MGET");
+                    for &i in g {
+                        let (limit, _) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
+                        let key = keys[i].as_ref();
+                        cmd.arg(redis_key(prefix, key, limit)).arg(global_key(prefix, key, ":r"));
+                    }
+                    cmd
+                })
+                .collect();
+            let replies = crate::join_all(calls.iter().map(|c| self.raw(c)).collect()).await;
+            for (group, reply) in groups.iter().zip(replies) {
+                let redis::Value::Array(v) = reply? else {
+                    return Err(StoreError::Unavailable("Redis: MGET answered no array".into()));
+                };
+                let text = |n: usize| match v.get(n) {
+                    Some(redis::Value::BulkString(b)) => std::str::from_utf8(b).unwrap_or(""),
+                    _ => "",
+                };
+                for (n, &i) in group.iter().enumerate() {
+                    let (limit, mode) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
+                    let fp = fingerprint(limit, mode);
+                    if recorded(text(2 * n + 1), fp, now_us)
+                        && let Some(shape) = shape_of(limit)
+                    {
+                        let components = own_counts(text(2 * n), limit, incarnation);
+                        out[i] = Some(Item { key: keys[i].as_ref().to_owned(), fingerprint: fp, shape, components });
+                    } else {
+                        rest.push(i);
+                    }
+                }
+            }
+        }
+        if rest.is_empty() {
+            return Ok(out);
+        }
+        let bases: Vec<String> = keys.iter().map(|k| self.base(k.as_ref())).collect();
+        let groups = self.by_slot_of(keys, &rest);
         let prefix = &self.config().key_prefix;
         let calls: Vec<(Vec<&str>, Vec<String>)> = groups
             .iter()
@@ -165,7 +230,7 @@ impl RedisStore {
                 for &i in g {
                     match rules.get(i).copied().flatten().and_then(|(l, m)| shape_of(l).map(|s| (l, m, s))) {
                         Some((limit, mode, shape)) => {
-                            args.push(redis_key(prefix, &keys[i], limit));
+                            args.push(redis_key(prefix, keys[i].as_ref(), limit));
                             let fp = fingerprint(limit, mode);
                             match &last {
                                 Some((f, text)) if *f == fp => args.push(text.clone()),
@@ -209,7 +274,7 @@ impl RedisStore {
                     {
                         let components = own_counts(&state, limit, incarnation);
                         out[i] = Some(Item {
-                            key: keys[i].clone(),
+                            key: keys[i].as_ref().to_owned(),
                             fingerprint: fingerprint(limit, mode),
                             shape,
                             components,
@@ -243,7 +308,7 @@ impl RedisStore {
                     2 => Shape::Gcra { slot_us: u },
                     _ => continue,
                 };
-                out[i] = Some(Item { key: keys[i].clone(), fingerprint: fp, shape, components });
+                out[i] = Some(Item { key: keys[i].as_ref().to_owned(), fingerprint: fp, shape, components });
             }
         }
         Ok(out)
@@ -279,6 +344,16 @@ impl RedisStore {
 /// string, as `own_slots` in `scripts/global.lua` reads them: fixed_window
 /// `"<window id> <count>"`, sliding_window `"<window id> <previous count>
 /// <current count>"`; nothing for another algorithm or a malformed state.
+/// Whether `record` (a key's `G:r`, `"<fingerprint> <due>"`) holds rule
+/// `fp` and is not due at `now` (this instance's clock): then the key's
+/// rule is on `G:m`, and reading its state is all a batch needs. (`G:m`
+/// lives twice as long as its record is due, so a clock behind Redis's by
+/// less than a minute only delays its refresh.)
+fn recorded(record: &str, fp: u64, now: u64) -> bool {
+    let Some((f, due)) = record.split_once(' ') else { return false };
+    f.parse() == Ok(fp) && due.parse::<u64>().is_ok_and(|d| d > now)
+}
+
 fn own_counts(state: &str, limit: &Limit, incarnation: u64) -> Vec<Component> {
     let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
     let nums: Option<Vec<u64>> = state.split(' ').map(|n| if digits(n) { n.parse().ok() } else { None }).collect();
@@ -305,7 +380,7 @@ mod tests {
 
     use floodgate_core::{Algorithm, Limit};
 
-    use super::own_counts;
+    use super::{own_counts, recorded};
 
     #[test]
     fn own_counts_read_a_state_as_the_script_does() {
@@ -324,5 +399,15 @@ mod tests {
         assert_eq!(counts("12 0 4", &sw), [(12, 4)]);
         assert_eq!(counts("12 3", &sw), []);
         assert!(own_counts("12 3", &fw, 7).iter().all(|c| c.region == 0 && c.incarnation == 7));
+    }
+
+    #[test]
+    fn a_record_lets_a_read_skip_the_script_only_for_its_rule_until_due() {
+        assert!(recorded("123 5000", 123, 4_999));
+        assert!(!recorded("123 5000", 123, 5_000), "due: the script records it again");
+        assert!(!recorded("124 5000", 123, 0), "another rule");
+        assert!(!recorded("", 123, 0), "none yet");
+        assert!(!recorded("123", 123, 0));
+        assert!(!recorded("123 x", 123, 0));
     }
 }
