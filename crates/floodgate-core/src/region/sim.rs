@@ -486,6 +486,9 @@ pub struct Report {
     pub exact: u64,
     /// Hits admitted per region.
     pub by_region: Vec<u64>,
+    /// Hits the last region admitted after the run's last region event (a
+    /// crash, an instance's death).
+    pub last_after_event: u64,
     /// Σ over windows of what the regions admitted beyond the exact answer.
     pub over: u64,
     /// The worst window's over-admission.
@@ -562,7 +565,12 @@ impl Queue {
     }
 }
 
-fn table(spec: &Spec, r: usize, incarnation: u64) -> GlobalTable {
+/// Region `r`'s table as incarnation `incarnation`. The regions the run
+/// starts with have been up before it (`warm`: no warm-up wait, though
+/// they exchange their full states first, as a restart does): a pattern
+/// measures regions in operation, and a restart within the run waits as a
+/// real one does.
+fn table(spec: &Spec, r: usize, incarnation: u64, warm: bool) -> GlobalTable {
     let name = spec.wan.names[r].clone();
     let peers = spec.wan.names.iter().filter(|n| **n != name).cloned().collect();
     let mut cfg = RegionConfig::new(name, peers, incarnation);
@@ -571,6 +579,9 @@ fn table(spec: &Spec, r: usize, incarnation: u64) -> GlobalTable {
     cfg.retry_hint_us = 2 * spec.interval_us;
     cfg.lazy_us = 10 * spec.interval_us;
     cfg.hash_seed = Some(incarnation);
+    if warm {
+        cfg.warmup_us = 0;
+    }
     GlobalTable::new(cfg).expect("simulated regions are valid")
 }
 
@@ -579,7 +590,7 @@ pub fn run(spec: &Spec) -> Report {
     let n = spec.regions();
     let trace = spec.trace();
     let mut rng = Rng::new(spec.seed);
-    let mut tables: Vec<GlobalTable> = (0..n).map(|r| table(spec, r, 1 + r as u64 + (spec.seed << 8))).collect();
+    let mut tables: Vec<GlobalTable> = (0..n).map(|r| table(spec, r, 1 + r as u64 + (spec.seed << 8), true)).collect();
     let clock = |r: usize, t: u64| -> u64 { (T0 + t).saturating_add_signed(spec.skew(r)) };
     let keys: Vec<String> = {
         let k = trace.iter().map(|q| q.key).max().map_or(1, |m| m + 1);
@@ -642,6 +653,7 @@ pub fn run(spec: &Spec) -> Report {
         Pattern::PartitionCrash | Pattern::InstanceCrash => spec.region_events().last().map(|e| e.0),
         _ => partition.map(|(_, to)| to),
     };
+    let last_event = spec.region_events().last().map(|e| e.0);
     let mut converged: Option<u64> = None;
     let mut shift_rounds: Vec<u64> = Vec::new();
     while let Some((t, e)) = q.pop() {
@@ -660,6 +672,9 @@ pub fn run(spec: &Spec) -> Report {
                 if d.is_ok_and(|d| d.allowed) && req.hits > 0 {
                     report.admitted += req.hits;
                     report.by_region[req.region] += req.hits;
+                    if req.region == n - 1 && last_event.is_some_and(|at| t > at) {
+                        report.last_after_event += req.hits;
+                    }
                     *adm.entry((req.key, account_slot(req.region, t))).or_default() += req.hits;
                     admissions.push(Admission { key: req.key, region: req.region, at: t, hits: req.hits });
                     if spec.pattern == Pattern::Shift && t >= w / 4 {
@@ -721,7 +736,7 @@ pub fn run(spec: &Spec) -> Report {
             }
             Event::Region(Life::Restart, r) => {
                 restarts += 1;
-                tables[r] = table(spec, r, 1_000_000 + restarts + (spec.seed << 8));
+                tables[r] = table(spec, r, 1_000_000 + restarts + (spec.seed << 8), false);
                 down[r] = false;
             }
             Event::Region(Life::Down, r) => down[r] = true,
