@@ -33,16 +33,21 @@ pub enum HeaderMode {
     Both,
 }
 
-impl FromStr for HeaderMode {
-    type Err = String;
+/// A header mode that is not one of the four.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown header mode `{0}`: use none, x-ratelimit, ietf or both")]
+pub struct UnknownHeaderMode(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for HeaderMode {
+    type Err = UnknownHeaderMode;
+
+    fn from_str(s: &str) -> Result<Self, UnknownHeaderMode> {
         match s {
             "none" => Ok(Self::None),
             "x-ratelimit" => Ok(Self::XRateLimit),
             "ietf" => Ok(Self::Ietf),
             "both" => Ok(Self::Both),
-            _ => Err(format!("unknown header mode `{s}`: use none, x-ratelimit, ietf or both")),
+            _ => Err(UnknownHeaderMode(s.to_owned())),
         }
     }
 }

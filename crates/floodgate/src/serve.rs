@@ -99,8 +99,10 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
             Some(c)
         }
     };
-    let headers =
-        args.response_headers.parse().map_err(|e: String| Failure::usage(format!("--response-headers: {e}")))?;
+    let headers = args
+        .response_headers
+        .parse()
+        .map_err(|e: floodgate_core::headers::UnknownHeaderMode| Failure::usage(format!("--response-headers: {e}")))?;
     let grace = parse_duration(&args.shutdown_grace).map_err(|e| Failure::usage(format!("--shutdown-grace: {e}")))?;
     if args.max_keys == 0 {
         return Err(Failure::usage("--max-keys: give at least 1"));

@@ -52,15 +52,18 @@ impl SyncMode {
     }
 }
 
+/// An overshoot [`parse_overshoot`] cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("overshoot `{0}`: write a percentage in (0%, 100%] such as 5% or 0.5%, or a fraction such as 0.05")]
+pub struct BadOvershoot(pub String);
+
 /// Most parts per million `overshoot` may be: 100%.
 pub const MAX_OVERSHOOT_PPM: u32 = 1_000_000;
 
 /// Parse an overshoot: a percentage (`5%`, `0.5%`, up to 4 decimals) or a
 /// fraction (`0.05`, up to 6 decimals), in (0, 100%]; parts per million.
-pub fn parse_overshoot(text: &str) -> Result<u32, String> {
-    let bad = || {
-        format!("overshoot `{text}`: write a percentage in (0%, 100%] such as 5% or 0.5%, or a fraction such as 0.05")
-    };
+pub fn parse_overshoot(text: &str) -> Result<u32, BadOvershoot> {
+    let bad = || BadOvershoot(text.to_owned());
     let text = text.trim();
     let (digits, scale) = match text.strip_suffix('%') {
         Some(p) => (p.trim(), 4),

@@ -28,12 +28,13 @@ impl Sources {
     /// the directory itself cannot be listed; a file that cannot be read is
     /// kept as an error, reported with the others at build time.
     pub fn read_dir(dir: &Path, opts: &LoadOptions) -> Result<Sources, ConfigErrors> {
-        let files = rule_files(dir, opts.max_files).map_err(|m| ConfigErrors(vec![error(dir, Pos::default(), m)]))?;
+        let files = rule_files(dir, opts.max_files)
+            .map_err(|m| ConfigErrors(vec![error(dir, Pos::default(), m.to_string())]))?;
         let mut sources = Sources { origin: dir.to_owned(), ..Sources::default() };
         for path in files {
             match read_bounded(&path, opts.max_file_bytes) {
                 Ok(text) => sources.files.push((path, text)),
-                Err(message) => sources.errors.push(error(&path, Pos::default(), message)),
+                Err(message) => sources.errors.push(error(&path, Pos::default(), message.to_string())),
             }
         }
         Ok(sources)
@@ -141,7 +142,7 @@ fn error(path: &Path, pos: Pos, message: String) -> ConfigError {
 
 /// The rules files under `dir`, sorted, as [`Sources::read_dir`] reads
 /// them (at most `max`): what a watcher should look at.
-pub fn rule_files(dir: &Path, max: usize) -> Result<Vec<PathBuf>, String> {
+pub fn rule_files(dir: &Path, max: usize) -> Result<Vec<PathBuf>, RulesDirError> {
     let mut files = Vec::new();
     collect(dir, &mut files, max)?;
     files.sort();
@@ -153,15 +154,45 @@ pub fn is_rules_file(path: &Path) -> bool {
     matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
 }
 
-fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
-    let entries = fs::read_dir(dir).map_err(|e| format!("cannot read the rules directory: {e}"))?;
+/// Why the rules directory cannot be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesDirError {
+    /// The directory (or one below it) cannot be read.
+    #[error("cannot read the rules directory: {0}")]
+    Read(std::io::Error),
+    /// An entry's type cannot be read.
+    #[error("{}: {error}", .path.display())]
+    Entry {
+        /// The entry.
+        path: PathBuf,
+        /// What the system said (in the message, not a source: said once).
+        error: std::io::Error,
+    },
+    /// More files than the bound.
+    #[error("more than {0} rules files: raise the bound or split the directory")]
+    TooMany(usize),
+}
+
+/// Why a rules file cannot be read (it is reported with its path).
+#[derive(Debug, thiserror::Error)]
+enum FileError {
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("larger than {0} bytes: split it, or raise the file size bound")]
+    TooLarge(u64),
+    #[error("not valid UTF-8 at line {line} (byte {at}): save the file as UTF-8")]
+    NotUtf8 { line: usize, at: usize },
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), RulesDirError> {
+    let entries = fs::read_dir(dir).map_err(RulesDirError::Read)?;
     for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read the rules directory: {e}"))?;
+        let entry = entry.map_err(RulesDirError::Read)?;
         let path = entry.path();
         if entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
-        let kind = entry.file_type().map_err(|e| format!("{}: {e}", path.display()))?;
+        let kind = entry.file_type().map_err(|error| RulesDirError::Entry { path: path.clone(), error })?;
         // Follow symlinks (Kubernetes ConfigMaps are symlinks) by stat-ing.
         let meta = if kind.is_symlink() { fs::metadata(&path).ok() } else { None };
         let is_dir = meta.as_ref().map_or(kind.is_dir(), fs::Metadata::is_dir);
@@ -170,7 +201,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String>
         } else if is_rules_file(&path) {
             out.push(path);
             if out.len() > max {
-                return Err(format!("more than {max} rules files: raise the bound or split the directory"));
+                return Err(RulesDirError::TooMany(max));
             }
         }
     }
@@ -179,17 +210,17 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String>
 
 /// Read at most `max` bytes; larger files, invalid UTF-8 and I/O failures
 /// become messages.
-fn read_bounded(path: &Path, max: u64) -> Result<String, String> {
-    let file = fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+fn read_bounded(path: &Path, max: u64) -> Result<String, FileError> {
+    let file = fs::File::open(path).map_err(FileError::Read)?;
     let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read: {e}"))?;
+    file.take(max + 1).read_to_end(&mut bytes).map_err(FileError::Read)?;
     if bytes.len() as u64 > max {
-        return Err(format!("larger than {max} bytes: split it, or raise the file size bound"));
+        return Err(FileError::TooLarge(max));
     }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let prefix = &e.as_bytes()[..at];
         let line = prefix.iter().filter(|&&b| b == b'\n').count() + 1;
-        format!("not valid UTF-8 at line {line} (byte {at}): save the file as UTF-8")
+        FileError::NotUtf8 { line, at }
     })
 }

@@ -27,10 +27,10 @@ mod parse;
 pub(crate) mod yaml;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use load::{Sources, is_rules_file, rule_files};
+pub use load::{RulesDirError, Sources, is_rules_file, rule_files};
 pub use matcher::{Match, RequestMatch, counter_key};
 pub use model::{Action, Domain, FailureMode, PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Tier, Unit};
-pub use parse::{LoadOptions, check_tier_name, parse_limits};
+pub use parse::{BadTierName, LoadOptions, check_tier_name, parse_limits};
 pub use yaml::Pos;
 
 #[cfg(test)]

@@ -375,7 +375,7 @@ impl<'a> FileParser<'a> {
             let Some(name) = self.string(k, "tiers") else { continue };
             let field = format!("tiers.{name}");
             if let Err(m) = check_tier_name(&name) {
-                self.error(k.pos(), &field, m);
+                self.error(k.pos(), &field, m.to_string());
                 continue;
             }
             let stats_key = format!("tier:{name}");
@@ -900,7 +900,7 @@ impl<'a> FileParser<'a> {
             return Scope::Region;
         }
         let overshoot = f.overshoot.as_ref().and_then(|(o, pos)| {
-            parse_overshoot(o).map_err(|e| self.error(*pos, &format!("{field}.overshoot"), e)).ok()
+            parse_overshoot(o).map_err(|e| self.error(*pos, &format!("{field}.overshoot"), e.to_string())).ok()
         });
         let mode = match f.sync.as_ref().map(|(s, pos)| (s.as_str(), *pos)) {
             None | Some(("eventual", _)) => {
@@ -1054,15 +1054,17 @@ pub fn parse_limits(label: &str, text: &str, stats_key: &str) -> Result<Vec<Rule
 
 /// Whether `name` can name a tier: 1 to 64 bytes of ASCII letters, digits,
 /// `_`, `-` and `.` (it appears in metrics labels and CSV files).
-pub fn check_tier_name(name: &str) -> Result<(), String> {
+pub fn check_tier_name(name: &str) -> Result<(), BadTierName> {
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
-        return Err(format!(
-            "tier name `{}` must be 1 to 64 letters, digits, `_`, `-` or `.`, e.g. pro",
-            name.escape_debug()
-        ));
+        return Err(BadTierName(name.to_owned()));
     }
     Ok(())
 }
+
+/// A name [`check_tier_name`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tier name `{}` must be 1 to 64 letters, digits, `_`, `-` or `.`, e.g. pro", .0.escape_debug())]
+pub struct BadTierName(pub String);
 
 /// The burst the local fallback keeps: the configured one scaled by the
 /// same share (at least 1), or the default (the local limit).

@@ -1548,7 +1548,7 @@ fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
     }
     let limits = match (&spec.tier, &spec.limits) {
         (Some(t), None) => {
-            check_tier_name(t).map_err(KeyError::Invalid)?;
+            check_tier_name(t).map_err(|e| KeyError::Invalid(e.to_string()))?;
             Limits::Tier(value::intern_tier(t)?)
         }
         (None, Some(limits)) => own_limits(limits, spec.name.as_deref())?,
