@@ -230,6 +230,11 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
     cmd
 }
 
+/// A script's reply that is not what the call expects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct BadReply(pub(crate) String);
+
 /// Cut a call's reply into one reply per request: `counts` are the
 /// requests' numbers of checks; an apply answers `2 + 5 * n` values per
 /// request, a refund 1.
@@ -237,14 +242,14 @@ pub(crate) fn split(
     values: &[i64],
     counts: impl Iterator<Item = usize> + Clone,
     op: Op,
-) -> Result<Vec<&[i64]>, String> {
+) -> Result<Vec<&[i64]>, BadReply> {
     let len = |n: usize| match op {
         Op::Apply => 2 + REPLY_STRIDE * n,
         Op::Refund(_) => 1,
     };
     let expected: usize = counts.clone().map(len).sum();
     if values.len() != expected {
-        return Err(format!("the script answered {} values, not {expected}", values.len()));
+        return Err(BadReply(format!("the script answered {} values, not {expected}", values.len())));
     }
     let mut rest = values;
     Ok(counts
@@ -267,12 +272,12 @@ pub(crate) struct Reply {
 }
 
 /// Read an apply's reply for `checks`.
-pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>]) -> Result<Reply, String> {
+pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>]) -> Result<Reply, BadReply> {
     let expected = 2 + REPLY_STRIDE * checks.len();
     if values.len() != expected {
-        return Err(format!("the script answered {} values, not {expected}", values.len()));
+        return Err(BadReply(format!("the script answered {} values, not {expected}", values.len())));
     }
-    let num = |v: i64| u64::try_from(v).map_err(|_| format!("the script answered a negative value {v}"));
+    let num = |v: i64| u64::try_from(v).map_err(|_| BadReply(format!("the script answered a negative value {v}")));
     let decisions = values[2..]
         .chunks_exact(REPLY_STRIDE)
         .zip(checks)
@@ -286,7 +291,7 @@ pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>]) -> Result<Reply, Stri
                 delay: Duration::from_micros(num(v[4])?),
             })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, BadReply>>()?;
     Ok(Reply { now_us: num(values[0])?, denied: values[1] == 1, decisions })
 }
 

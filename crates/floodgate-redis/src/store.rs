@@ -674,7 +674,7 @@ impl RedisStore {
                 decisions: vec![],
             });
         }
-        script::reply(&values, checks).map_err(CallError::Reply)
+        script::reply(&values, checks).map_err(|e| CallError::Reply(e.0))
     }
 
     /// One request's checks through the batch queue (one server). Gives the
@@ -697,7 +697,7 @@ impl RedisStore {
         self.enqueue(Queued { now, keys, args, deadline, reply: tx });
         match rx.await {
             Ok((keys, Ok(values))) => {
-                let reply = script::reply(&values, checks).map_err(CallError::Reply);
+                let reply = script::reply(&values, checks).map_err(|e| CallError::Reply(e.0));
                 (keys, reply)
             }
             Ok((keys, Err(e))) => (keys, Err(e)),
@@ -745,8 +745,8 @@ impl RedisStore {
         let result = self.run(&requests, Op::Apply, false, deadline, slot).await;
         drop(requests);
         let parts = result.and_then(|values| {
-            let parts =
-                script::split(&values, batch.iter().map(|q| q.keys.len()), Op::Apply).map_err(CallError::Reply)?;
+            let parts = script::split(&values, batch.iter().map(|q| q.keys.len()), Op::Apply)
+                .map_err(|e| CallError::Reply(e.0))?;
             Ok(parts.into_iter().map(<[i64]>::to_vec).collect::<Vec<_>>())
         });
         match parts {

@@ -45,16 +45,16 @@ impl FromStr for Target {
             return Ok(Self::Cluster(urls));
         }
         if s.starts_with("redis://") || s.starts_with("rediss://") || s.starts_with("redis+unix://") {
-            check(s).map_err(|why| err(&why))?;
+            check(s).map_err(|why| err(&why.to_string()))?;
             return Ok(Self::Single(s.to_owned()));
         }
         Err(err("the scheme must be redis:// or redis+cluster://"))
     }
 }
 
-fn check(url: &str) -> Result<(), String> {
+fn check(url: &str) -> Result<(), redis::RedisError> {
     use redis::IntoConnectionInfo;
-    url.into_connection_info().map(|_| ()).map_err(|e| e.to_string())
+    url.into_connection_info().map(|_| ())
 }
 
 impl fmt::Display for Target {

@@ -147,7 +147,7 @@ async fn link<R: Region + Clone>(
                         counters.errors.fetch_add(1, Ordering::Relaxed);
                         let was_up = counters.up.swap(false, Ordering::Relaxed);
                         let first = counters.errors.load(Ordering::Relaxed) == 1;
-                        *counters.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.clone());
+                        *counters.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
                         if was_up || first {
                             tracing::warn!(
                                 peer = %peer.name, url = %peer.url,
@@ -165,26 +165,36 @@ async fn link<R: Region + Clone>(
     }
 }
 
+/// Why a `Push` call failed (kept as the peer's last error, as text).
+#[derive(Debug, thiserror::Error)]
+enum PushError {
+    #[error("not connected: {0}")]
+    NotConnected(tonic::transport::Error),
+    #[error("the sync token is not a valid header value")]
+    BadToken,
+    #[error("{:?}{}{}", .0.code(), if .0.message().is_empty() { "" } else { ": " }, .0.message())]
+    Refused(tonic::Status),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// One `Push` call, bounded by the timeout.
-async fn push(ch: Channel, msg: Encoded, cfg: &LinkConfig) -> Result<SyncAck, String> {
+async fn push(ch: Channel, msg: Encoded, cfg: &LinkConfig) -> Result<SyncAck, PushError> {
     let call = async {
         let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(limits::MAX_MESSAGE);
-        grpc.ready().await.map_err(|e| format!("not connected: {e}"))?;
+        grpc.ready().await.map_err(PushError::NotConnected)?;
         let mut req = tonic::Request::new(msg);
         req.set_timeout(cfg.timeout);
         if let Some(t) = &cfg.token {
-            let v =
-                format!("Bearer {t}").parse().map_err(|_| "the sync token is not a valid header value".to_owned())?;
+            let v = format!("Bearer {t}").parse().map_err(|_| PushError::BadToken)?;
             req.metadata_mut().insert("authorization", v);
         }
         let codec = tonic_prost::ProstCodec::<Encoded, SyncAck>::default();
         let path = http::uri::PathAndQuery::from_static(PUSH);
-        grpc.unary(req, path, codec).await.map(tonic::Response::into_inner).map_err(|s| {
-            if s.message().is_empty() { format!("{:?}", s.code()) } else { format!("{:?}: {}", s.code(), s.message()) }
-        })
+        grpc.unary(req, path, codec).await.map(tonic::Response::into_inner).map_err(PushError::Refused)
     };
     match tokio::time::timeout(cfg.timeout, call).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+        Err(_) => Err(PushError::Timeout(cfg.timeout)),
     }
 }

@@ -194,61 +194,71 @@ impl SyncBatch {
 
     /// To the core type, checked: what is wrong, with where, for a peer's
     /// `INVALID_ARGUMENT`.
-    pub fn into_batch(self) -> Result<Batch, String> {
+    pub fn into_batch(self) -> Result<Batch, InvalidBatch> {
         if !name_ok(&self.from) {
-            return Err(format!(
+            return Err(InvalidBatch(format!(
                 "from: region name {:?}: 1 to {} characters, no spaces",
                 truncate(&self.from),
                 limits::MAX_NAME
-            ));
+            )));
         }
         if self.regions.len() > limits::MAX_REGIONS {
-            return Err(format!("regions: {} names, at most {}", self.regions.len(), limits::MAX_REGIONS));
+            return Err(InvalidBatch(format!(
+                "regions: {} names, at most {}",
+                self.regions.len(),
+                limits::MAX_REGIONS
+            )));
         }
         if let Some((i, n)) = self.regions.iter().enumerate().find(|(_, n)| !name_ok(n)) {
-            return Err(format!(
+            return Err(InvalidBatch(format!(
                 "regions[{i}]: region name {:?}: 1 to {} characters, no spaces",
                 truncate(n),
                 limits::MAX_NAME
-            ));
+            )));
         }
         if self.items.len() > limits::MAX_ITEMS {
-            return Err(format!("items: {} in one batch, at most {}", self.items.len(), limits::MAX_ITEMS));
+            return Err(InvalidBatch(format!(
+                "items: {} in one batch, at most {}",
+                self.items.len(),
+                limits::MAX_ITEMS
+            )));
         }
         let mut items = Vec::with_capacity(self.items.len());
         for (i, item) in self.items.into_iter().enumerate() {
             let at = |f: &str| format!("items[{i}].{f}");
             if item.key.is_empty() || item.key.len() > limits::MAX_KEY {
-                return Err(format!("{}: 1 to {} bytes", at("key"), limits::MAX_KEY));
+                return Err(InvalidBatch(format!("{}: 1 to {} bytes", at("key"), limits::MAX_KEY)));
             }
             if item.slot_us == 0 {
-                return Err(format!("{}: must be at least 1", at("slot_us")));
+                return Err(InvalidBatch(format!("{}: must be at least 1", at("slot_us"))));
             }
             let shape = match item.kind {
                 1 if (1..=limits::MAX_HORIZON).contains(&item.horizon) => {
                     Shape::Windowed { slot_us: item.slot_us, horizon: item.horizon }
                 }
-                1 => return Err(format!("{}: 1 to {}", at("horizon"), limits::MAX_HORIZON)),
+                1 => return Err(InvalidBatch(format!("{}: 1 to {}", at("horizon"), limits::MAX_HORIZON))),
                 2 => Shape::Gcra { slot_us: item.slot_us },
-                k => return Err(format!("{}: {k} is not a kind (1: window counts, 2: gcra)", at("kind"))),
+                k => {
+                    return Err(InvalidBatch(format!("{}: {k} is not a kind (1: window counts, 2: gcra)", at("kind"))));
+                }
             };
             if item.components.len() > limits::MAX_COMPONENTS {
-                return Err(format!(
+                return Err(InvalidBatch(format!(
                     "{}: {} components, at most {}",
                     at("components"),
                     item.components.len(),
                     limits::MAX_COMPONENTS
-                ));
+                )));
             }
             let mut components = Vec::with_capacity(item.components.len());
             for (j, c) in item.components.into_iter().enumerate() {
                 if c.region as usize >= self.regions.len() {
-                    return Err(format!(
+                    return Err(InvalidBatch(format!(
                         "{}: {} is not an index into regions ({} names)",
                         at(&format!("components[{j}].region")),
                         c.region,
                         self.regions.len()
-                    ));
+                    )));
                 }
                 components.push(Component {
                     region: c.region,
@@ -260,29 +270,29 @@ impl SyncBatch {
             items.push(Item { key: item.key, fingerprint: item.fingerprint, shape, components });
         }
         if self.incarnations.len() > limits::MAX_INCARNATIONS {
-            return Err(format!(
+            return Err(InvalidBatch(format!(
                 "incarnations: {} records, at most {}",
                 self.incarnations.len(),
                 limits::MAX_INCARNATIONS
-            ));
+            )));
         }
         let mut incarnations = Vec::with_capacity(self.incarnations.len());
         for (i, r) in self.incarnations.into_iter().enumerate() {
             if r.region as usize >= self.regions.len() {
-                return Err(format!(
+                return Err(InvalidBatch(format!(
                     "incarnations[{i}].region: {} is not an index into regions ({} names)",
                     r.region,
                     self.regions.len()
-                ));
+                )));
             }
             if r.count == 0 {
-                return Err(format!("incarnations[{i}].count: must be at least 1"));
+                return Err(InvalidBatch(format!("incarnations[{i}].count: must be at least 1")));
             }
             if r.dead_us != 0 && r.recorded_us > r.dead_us {
-                return Err(format!(
+                return Err(InvalidBatch(format!(
                     "incarnations[{i}]: recorded_us {} after dead_us {}: a record ends after it starts",
                     r.recorded_us, r.dead_us
-                ));
+                )));
             }
             incarnations.push(Incarnation {
                 region: r.region,
@@ -337,6 +347,12 @@ fn truncate(s: &str) -> &str {
     }
 }
 
+/// What is wrong with a peer's batch, and where (a field path such as
+/// `items[3].kind`): the peer gets it as `INVALID_ARGUMENT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidBatch(pub String);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,7 +381,7 @@ mod tests {
         let bad = |f: &dyn Fn(&mut SyncBatch)| {
             let mut m = SyncBatch::from_batch(b.clone());
             f(&mut m);
-            m.into_batch().unwrap_err()
+            m.into_batch().unwrap_err().0
         };
         assert!(bad(&|m| m.from = String::new()).starts_with("from:"));
         assert!(bad(&|m| m.items[0].kind = 9).contains("items[0].kind: 9 is not a kind"));

@@ -69,7 +69,7 @@ impl<R: Region> Inner<R> {
         let bytes = msg.encoded_len() as u64;
         let batch = msg.into_batch().map_err(|e| {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            Status::invalid_argument(e)
+            Status::invalid_argument(e.to_string())
         })?;
         let from = batch.from.clone();
         let peer = self.region.peers().iter().position(|p| *p == from);

@@ -92,14 +92,19 @@ pub enum ForwardedHeader {
     Forwarded,
 }
 
-impl FromStr for ForwardedHeader {
-    type Err = String;
+/// A forwarding header that is not one of the two.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown forwarded header `{0}`: use x-forwarded-for or forwarded")]
+pub struct UnknownForwardedHeader(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for ForwardedHeader {
+    type Err = UnknownForwardedHeader;
+
+    fn from_str(s: &str) -> Result<Self, UnknownForwardedHeader> {
         match s.to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(Self::XForwardedFor),
             "forwarded" => Ok(Self::Forwarded),
-            _ => Err(format!("unknown forwarded header `{s}`: use x-forwarded-for or forwarded")),
+            _ => Err(UnknownForwardedHeader(s.to_owned())),
         }
     }
 }

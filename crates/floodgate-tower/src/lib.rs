@@ -31,7 +31,7 @@ mod descriptors;
 mod layer;
 mod throttle;
 
-pub use client_ip::{Cidr, CidrError, ForwardedHeader, TrustedProxies};
+pub use client_ip::{Cidr, CidrError, ForwardedHeader, TrustedProxies, UnknownForwardedHeader};
 pub use decide::{Answer, Decide, DecideError, Headline, Key, KeyFn, KeyedLimit, RulesDecider, ip_str};
 pub use descriptors::{
     DescriptorError, Entries, RequestFacts, build as build_descriptors, default_descriptors,

@@ -63,8 +63,10 @@ fn proxy_config(args: &ProxyArgs) -> Result<Config, Failure> {
     let upstream: Upstream = args.upstream.parse().map_err(|e| Failure::usage(format!("--upstream {e}")))?;
     let mut trusted = TrustedProxies::parse_list(&args.trusted_proxies)
         .map_err(|e| Failure::usage(format!("--trusted-proxies: {e}")))?;
-    let header: ForwardedHeader =
-        args.forwarded_header.parse().map_err(|e: String| Failure::usage(format!("--forwarded-header: {e}")))?;
+    let header: ForwardedHeader = args
+        .forwarded_header
+        .parse()
+        .map_err(|e: floodgate_tower::UnknownForwardedHeader| Failure::usage(format!("--forwarded-header: {e}")))?;
     trusted = trusted.header(header);
     if args.domain.is_empty() {
         return Err(Failure::usage("--domain: give the rules domain requests are decided in, e.g. proxy"));
