@@ -298,7 +298,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     let store = match (&config.redis, &config.regions) {
         (None, None) => ServerStore::Memory(memory(config.max_keys)),
         (None, Some(r)) => {
-            let regions = Regions::new(r.clone()).map_err(ServeError::Config)?;
+            let regions = Regions::new(r.clone()).map_err(|e| ServeError::Config(e.to_string()))?;
             log_region(r, "memory");
             let Some(table) = regions.table().cloned() else {
                 return Err(ServeError::Config("a memory region has a table".into()));
@@ -306,7 +306,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
             ServerStore::Regional(memory(config.max_keys), table, Arc::new(regions))
         }
         (Some(redis), Some(r)) => {
-            let regions = Regions::redis(r.clone(), redis.clone()).map_err(ServeError::Config)?;
+            let regions = Regions::redis(r.clone(), redis.clone()).map_err(|e| ServeError::Config(e.to_string()))?;
             log_region(
                 r,
                 if matches!(redis.target, floodgate_redis::Target::Cluster(_)) { "redis cluster" } else { "redis" },

@@ -102,6 +102,25 @@ impl RegionState {
     }
 }
 
+/// Why this instance cannot take part in its regions: what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionsError {
+    /// The region and its peers cannot work together.
+    #[error("--region/--peers: {0}")]
+    Config(floodgate_core::region::RegionConfigError),
+    /// A peer's address is not usable.
+    #[error("--peers: {0}")]
+    Peers(floodgate_sync::PeerError),
+    /// The region's Redis cannot be used.
+    #[error("--store {target}: {error}")]
+    Redis {
+        /// The store's address.
+        target: String,
+        /// What the Redis client said.
+        error: redis::RedisError,
+    },
+}
+
 /// This instance's region, running.
 #[derive(Debug)]
 pub struct Regions {
@@ -121,7 +140,7 @@ fn incarnation() -> u64 {
 impl Regions {
     /// The engine's settings for `config`, checked (the peers' names and
     /// addresses); the error says what to change.
-    fn settings(config: &RegionsConfig) -> Result<RegionConfig, String> {
+    fn settings(config: &RegionsConfig) -> Result<RegionConfig, RegionsError> {
         let names: Vec<String> = config.peers.iter().map(|p| p.name.clone()).collect();
         let mut cfg = RegionConfig::new(config.region.clone(), names, incarnation());
         cfg.interval_us = u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX).max(1);
@@ -129,29 +148,30 @@ impl Regions {
         cfg.lazy_us = u64::try_from(config.lazy.as_micros()).unwrap_or(u64::MAX);
         cfg.warmup_us = u64::try_from(config.warmup.as_micros()).unwrap_or(u64::MAX);
         cfg.ack_timeout_us = cfg.ack_timeout_us.max(2 * u64::try_from(config.timeout.as_micros()).unwrap_or(0));
-        cfg.check().map_err(|e| format!("--region/--peers: {e}"))?;
+        cfg.check().map_err(RegionsError::Config)?;
         let link = floodgate_sync::LinkConfig {
             interval: config.interval,
             timeout: config.timeout,
             token: config.token.clone(),
         };
-        floodgate_sync::check_peers(&config.peers, &link).map_err(|e| format!("--peers: {e}"))?;
+        floodgate_sync::check_peers(&config.peers, &link).map_err(RegionsError::Peers)?;
         Ok(cfg)
     }
 
     /// A memory-store region (this instance alone is the region).
-    pub fn new(config: RegionsConfig) -> Result<Self, String> {
-        let table = GlobalTable::new(Self::settings(&config)?).map_err(|e| format!("--region/--peers: {e}"))?;
+    pub fn new(config: RegionsConfig) -> Result<Self, RegionsError> {
+        let table = GlobalTable::new(Self::settings(&config)?).map_err(RegionsError::Config)?;
         let stats = Arc::new(SyncStats::new(config.peers.len()));
         Ok(Self { config, state: RegionState::Memory(Arc::new(table)), stats })
     }
 
     /// A Redis region over the Redis of `redis` (every instance on it is
     /// the region); its store is [`RedisRegion::store`].
-    pub fn redis(config: RegionsConfig, redis: RedisConfig) -> Result<Self, String> {
+    pub fn redis(config: RegionsConfig, redis: RedisConfig) -> Result<Self, RegionsError> {
         let mut cfg = Self::settings(&config)?;
         cfg.batch_items = floodgate_redis::region::BATCH_ITEMS;
-        let region = RedisRegion::new(&cfg, redis.clone()).map_err(|e| format!("--store {}: {e}", redis.target))?;
+        let region = RedisRegion::new(&cfg, redis.clone())
+            .map_err(|error| RegionsError::Redis { target: redis.target.to_string(), error })?;
         let stats = Arc::new(SyncStats::new(config.peers.len()));
         Ok(Self { config, state: RegionState::Redis(Arc::new(region)), stats })
     }

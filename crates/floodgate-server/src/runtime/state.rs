@@ -68,19 +68,18 @@ pub fn instance_for(admin: SocketAddr) -> String {
 
 /// Check an instance name: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting
 /// with a dot (it names a directory).
-pub fn check_instance_name(name: &str) -> Result<(), String> {
+pub fn check_instance_name(name: &str) -> Result<(), BadInstanceName> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "instance name `{name}`: use 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.` (e.g. api-eu-1)"
-        ))
-    }
+    if ok { Ok(()) } else { Err(BadInstanceName(name.to_owned())) }
 }
+
+/// A name [`check_instance_name`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("instance name `{0}`: use 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.` (e.g. api-eu-1)")]
+pub struct BadInstanceName(pub String);
 
 /// Open the per-key store `file` says (with this cache), migrating the old
 /// default when it applies. `Ok(None)` when per-key entries are off; `Err`
