@@ -83,27 +83,9 @@ impl World {
                 A => self.a.next_batch(p, now),
                 C => self.c.next_batch(p, now),
                 _ => {
-                    let mut items = Vec::new();
-                    let mut sink = |key: &str, fingerprint, shape, components: &[floodgate_core::region::Component]| {
-                        items.push(floodgate_core::region::Item {
-                            key: key.to_owned(),
-                            fingerprint,
-                            shape,
-                            components: components.to_vec(),
-                        });
-                    };
-                    self.rt.block_on(self.b.next_batch_into(p, now, &mut sink)).map(|head| {
-                        floodgate_core::region::Batch {
-                            from: head.from,
-                            regions: head.regions,
-                            from_incarnation: head.from_incarnation,
-                            to_incarnation: head.to_incarnation,
-                            seq: head.seq,
-                            items,
-                            complete: head.complete,
-                            incarnations: head.incarnations,
-                        }
-                    })
+                    let mut items = floodgate_core::region::Items::default();
+                    let head = self.rt.block_on(self.b.next_batch_into(p, now, &mut items));
+                    head.map(|head| head.with_items(items.0))
                 }
             };
             let Some(batch) = batch else { return };

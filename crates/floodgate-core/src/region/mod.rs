@@ -32,5 +32,5 @@ pub use lazy::{Lazy, can_wait};
 pub use link::{LinkStats, Links, MAX_PEERS, RegionConfig, RegionConfigError};
 pub use scope::{BadOvershoot, MAX_OVERSHOOT_PPM, Scope, SyncMode, min_capacity, parse_overshoot, slice};
 pub use table::{GlobalTable, TableStats, is_global};
-pub use transport::{BatchHead, BatchSink, Receipt, Region};
+pub use transport::{BatchHead, BatchSink, Items, Receipt, Region};
 pub use wire::{Ack, Batch, Component, Incarnation, Item, Shape};

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use crate::region::entry::{Caps, Entry, Send, shape_of};
 use crate::region::incarnations::{Incarnation, Incarnations};
 use crate::region::link::{Requeue, Take};
-use crate::region::wire::{Ack, Batch, Component, Item};
+use crate::region::wire::{Ack, Batch, Component};
 use crate::region::{
-    BatchHead, BatchSink, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, RegionConfigError, Scope, SyncMode,
+    BatchHead, BatchSink, Items, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, RegionConfigError, Scope,
+    SyncMode,
 };
 use crate::store::OwnedKey;
 use crate::{Decision, Limit, StoreError};
@@ -494,20 +495,9 @@ impl GlobalTable {
     /// full state transfer's first), or an empty heartbeat on an idle link.
     /// `None` while `max_in_flight` batches await acknowledgement.
     pub fn next_batch(&self, p: usize, now: u64) -> Option<Batch> {
-        let mut items = Vec::new();
-        let head = self.next_batch_into(p, now, &mut |key: &str, fingerprint, shape, components: &[Component]| {
-            items.push(Item { key: key.to_owned(), fingerprint, shape, components: components.to_vec() });
-        })?;
-        Some(Batch {
-            from: head.from,
-            regions: head.regions,
-            from_incarnation: head.from_incarnation,
-            to_incarnation: head.to_incarnation,
-            seq: head.seq,
-            items,
-            complete: head.complete,
-            incarnations: head.incarnations,
-        })
+        let mut items = Items::default();
+        let head = self.next_batch_into(p, now, &mut items)?;
+        Some(head.with_items(items.0))
     }
 
     /// [`GlobalTable::next_batch`], each key handed to `sink` as it is read

@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use crate::StoreError;
-use crate::region::wire::{Ack, Batch, Component, Incarnation, Shape};
+use crate::region::wire::{Ack, Batch, Component, Incarnation, Item, Shape};
 
 /// A region's side of the sync.
 pub trait Region: Send + Sync + 'static {
@@ -97,6 +97,17 @@ impl<F: FnMut(&str, u64, Shape, &[Component])> BatchSink for F {
     }
 }
 
+/// A sink that keeps every key as an [`Item`]: with its [`BatchHead`], a
+/// whole [`Batch`] ([`BatchHead::with_items`]), for callers that want one.
+#[derive(Debug, Default)]
+pub struct Items(pub Vec<Item>);
+
+impl BatchSink for Items {
+    fn item(&mut self, key: &str, fingerprint: u64, shape: Shape, components: &[Component]) {
+        self.0.push(Item { key: key.to_owned(), fingerprint, shape, components: components.to_vec() });
+    }
+}
+
 /// A batch's fields other than its keys (see [`Batch`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchHead {
@@ -116,4 +127,20 @@ pub struct BatchHead {
     pub complete: bool,
     /// The sender's record of incarnations (with a full state transfer).
     pub incarnations: Vec<Incarnation>,
+}
+
+impl BatchHead {
+    /// The whole batch: this head and its keys (as [`Items`] kept them).
+    pub fn with_items(self, items: Vec<Item>) -> Batch {
+        Batch {
+            from: self.from,
+            regions: self.regions,
+            from_incarnation: self.from_incarnation,
+            to_incarnation: self.to_incarnation,
+            seq: self.seq,
+            items,
+            complete: self.complete,
+            incarnations: self.incarnations,
+        }
+    }
 }
