@@ -582,11 +582,15 @@ impl RedisStore {
     /// The script's global arguments for check `c`, when this store is a
     /// region's and the check is global.
     fn global_args(&self, c: &Check<'_>, now: Option<u64>) -> Option<(String, GlobalArgs)> {
-        let now = || {
-            use floodgate_core::Clock;
-            now.unwrap_or_else(|| self.inner.clock.now_us())
-        };
+        let now = || now.unwrap_or_else(|| self.local_now_us());
         self.inner.region.as_ref()?.args(&self.inner.config.key_prefix, c, now)
+    }
+
+    /// This process's clock, µs since the epoch (what a region's caps and
+    /// the sync's records are read against; the scripts use Redis's).
+    pub(crate) fn local_now_us(&self) -> u64 {
+        use floodgate_core::Clock;
+        self.inner.clock.now_us()
     }
 
     /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).

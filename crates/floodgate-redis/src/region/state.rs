@@ -173,11 +173,10 @@ impl RedisStore {
             let window = matches!(limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow);
             (window && !every.get(i).copied().unwrap_or(false) && shape_of(limit).is_some()).then_some((limit, mode))
         };
-        let fast: Vec<usize> = (0..keys.len()).filter(|&i| plain(i).is_some()).collect();
-        let mut rest: Vec<usize> = (0..keys.len()).filter(|&i| plain(i).is_none()).collect();
+        let (fast, mut rest): (Vec<usize>, Vec<usize>) = (0..keys.len()).partition(|&i| plain(i).is_some());
         if !fast.is_empty() {
             let prefix = &self.config().key_prefix;
-            let now_us = now.unwrap_or_else(|| floodgate_core::Clock::now_us(&floodgate_core::SystemClock::new()));
+            let now_us = now.unwrap_or_else(|| self.local_now_us());
             let groups = self.by_slot_of(keys, &fast);
             let calls: Vec<_> = groups
                 .iter()
