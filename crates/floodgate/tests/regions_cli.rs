@@ -188,34 +188,10 @@ impl World {
         self.regions[1].second = Some(self.start_instance(1, 1));
     }
 
-    /// Single hits of `key`/`value` at every region at once, until none
-    /// has been admitted anywhere for 1.5 s (a bounded key's small slices
-    /// admit a few per acknowledgement round trip), at most 20 s: the hits
-    /// admitted.
+    /// Single hits of `key`/`value` at every region at once (see
+    /// [`cli::flood`]): the hits admitted.
     fn flood(&self, key: &str, value: &str) -> u64 {
-        let start = Instant::now();
-        let admitted = std::sync::atomic::AtomicU64::new(0);
-        let last_ms = std::sync::atomic::AtomicU64::new(0);
-        let done = || {
-            let now = start.elapsed();
-            now > Duration::from_secs(20)
-                || now.saturating_sub(Duration::from_millis(last_ms.load(std::sync::atomic::Ordering::SeqCst)))
-                    > Duration::from_millis(1_500)
-        };
-        std::thread::scope(|s| {
-            for i in 0..3 {
-                let (admitted, last_ms, done) = (&admitted, &last_ms, &done);
-                s.spawn(move || {
-                    while !done() {
-                        if self.check(i, key, value, 1)["allowed"] == true {
-                            admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            last_ms.store(start.elapsed().as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
-                        }
-                    }
-                });
-            }
-        });
-        admitted.into_inner()
+        cli::flood(3, |i| self.check(i, key, value, 1)["allowed"] == true)
     }
 
     /// Cut (or heal) the link between regions `i` and `j`, both ways.

@@ -93,31 +93,10 @@ fn bounded_open(at: &str) -> bool {
     regions(at)["bounded_open"] == true
 }
 
-/// Single hits of `key`/`value` at each of `at` at once, until none has
-/// been admitted for 1.5 s (at most 20 s): the hits admitted.
+/// Single hits of `key`/`value` at each of `at` at once (see
+/// [`cli::flood`]): the hits admitted.
 fn flood(at: &[&str], key: &str, value: &str) -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let start = Instant::now();
-    let (admitted, last_ms) = (AtomicU64::new(0), AtomicU64::new(0));
-    let done = || {
-        let now = start.elapsed();
-        now > Duration::from_secs(20)
-            || now.saturating_sub(Duration::from_millis(last_ms.load(Ordering::SeqCst))) > Duration::from_millis(1_500)
-    };
-    std::thread::scope(|s| {
-        for at in at {
-            let (admitted, last_ms, done) = (&admitted, &last_ms, &done);
-            s.spawn(move || {
-                while !done() {
-                    if check(at, key, value, 1)["allowed"] == true {
-                        admitted.fetch_add(1, Ordering::SeqCst);
-                        last_ms.store(start.elapsed().as_millis() as u64, Ordering::SeqCst);
-                    }
-                }
-            });
-        }
-    });
-    admitted.into_inner()
+    cli::flood(at.len(), |i| check(at[i], key, value, 1)["allowed"] == true)
 }
 
 /// Wait up to 30 s for `cond`.

@@ -202,3 +202,32 @@ pub fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Try `n` sources at once (`admit(i)`: one request from source `i`,
+/// whether it was admitted) until none has been admitted for 1.5 s (a
+/// bounded key's small slices admit a few per acknowledgement round trip),
+/// at most 20 s: the requests admitted.
+pub fn flood(n: usize, admit: impl Fn(usize) -> bool + Sync) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let start = Instant::now();
+    let (admitted, last_ms) = (AtomicU64::new(0), AtomicU64::new(0));
+    let done = || {
+        let now = start.elapsed();
+        now > Duration::from_secs(20)
+            || now.saturating_sub(Duration::from_millis(last_ms.load(Ordering::SeqCst))) > Duration::from_millis(1_500)
+    };
+    std::thread::scope(|s| {
+        for i in 0..n {
+            let (admitted, last_ms, done, admit) = (&admitted, &last_ms, &done, &admit);
+            s.spawn(move || {
+                while !done() {
+                    if admit(i) {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        last_ms.store(start.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    admitted.into_inner()
+}
