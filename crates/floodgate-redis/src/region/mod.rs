@@ -291,7 +291,7 @@ impl RedisRegion {
         let bounded = matches!(mode, SyncMode::Bounded { .. });
         if bounded || self.links.warming() || self.lazy.eager() {
             lock(&self.pending).remove(key);
-            self.queue(&Key::from(key), Tag { bounded, rule, relay: false });
+            self.queue(key, None, Tag { bounded, rule, relay: false });
             return;
         }
         let mut pending = lock(&self.pending);
@@ -305,7 +305,7 @@ impl RedisRegion {
         if !can_wait(unsent, remaining, self.peers.len() + 1) {
             pending.remove(key);
             drop(pending);
-            self.queue(&Key::from(key), Tag { bounded: false, rule, relay: false });
+            self.queue(key, None, Tag { bounded: false, rule, relay: false });
         } else if new {
             let key = Key::from(key);
             pending.insert(key.clone(), (hits, rule));
@@ -330,15 +330,16 @@ impl RedisRegion {
         fp
     }
 
-    /// Queue `key` for every peer.
-    fn queue(&self, key: &Key, tag: Tag) {
-        self.queue_but(key, tag, None);
+    /// Queue `key` for every peer (`made`: its shared key, if there is
+    /// one already).
+    fn queue(&self, key: &str, made: Option<Key>, tag: Tag) {
+        self.queue_but(key, made, tag, None);
     }
 
     /// Queue `key` for every peer but `but`.
-    fn queue_but(&self, key: &Key, tag: Tag, but: Option<usize>) {
+    fn queue_but(&self, key: &str, mut made: Option<Key>, tag: Tag, but: Option<usize>) {
         for p in (0..self.links.len()).filter(|&p| Some(p) != but) {
-            self.links.push_with(p, |q| q.absorb(key, tag));
+            self.links.push_with(p, |q| q.absorb(key, tag, &mut made));
         }
     }
 
@@ -348,7 +349,7 @@ impl RedisRegion {
             // Gone when an urgent touch has queued it since.
             let waiting = lock(&self.pending).remove(&*k);
             if let Some((_, rule)) = waiting {
-                self.queue(&k, Tag { bounded: false, rule, relay: false });
+                self.queue(&k, Some(k.clone()), Tag { bounded: false, rule, relay: false });
             }
         }
     }
@@ -361,7 +362,8 @@ impl RedisRegion {
                 Owed::Key(k, tag) => (k, tag),
                 Owed::Read(item, tag) => (Key::from(item.key), tag),
             };
-            self.links.push_with(p, |q| q.absorb(&key, Tag { relay: true, ..tag }));
+            let mut made = Some(key.clone());
+            self.links.push_with(p, |q| q.absorb(&key, Tag { relay: true, ..tag }, &mut made));
         }
     }
 
@@ -696,7 +698,7 @@ impl Region for RedisRegion {
         // What the sender relays and raised ours goes on to the others.
         for &i in &stats.relay {
             if let Some(item) = batch.items.get(i) {
-                self.queue_but(&Key::from(item.key.as_str()), Tag { bounded: false, rule: 0, relay: true }, sender);
+                self.queue_but(&item.key, None, Tag { bounded: false, rule: 0, relay: true }, sender);
             }
         }
         match sender {

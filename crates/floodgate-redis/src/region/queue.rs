@@ -68,14 +68,16 @@ pub(super) struct Queue {
 
 impl Queue {
     /// Fold `key` into the same key queued already (`None`), or make what
-    /// to queue.
-    pub(super) fn absorb(&mut self, key: &Key, tag: Tag) -> Option<Owed> {
-        match self.queued.get_mut(&**key) {
+    /// to queue. `made` is the shared key once a queue needed it (made here
+    /// at the first), so a key every queue holds already costs no
+    /// allocation (a bounded key is touched at every decision).
+    pub(super) fn absorb(&mut self, key: &str, tag: Tag, made: &mut Option<Key>) -> Option<Owed> {
+        match self.queued.get_mut(key) {
             Some(t) => {
                 t.join(tag);
                 None
             }
-            None => Some(Owed::Key(key.clone(), tag)),
+            None => Some(Owed::Key(made.get_or_insert_with(|| Key::from(key)).clone(), tag)),
         }
     }
 }
@@ -132,10 +134,10 @@ mod tests {
     fn a_queue_holds_a_key_once_gives_read_items_first_and_skips_keys_taken_by_another_peer() {
         let mut q = Queue::default();
         for (k, bounded) in [("a", false), ("b", false)] {
-            let owed = q.absorb(&k.into(), Tag { bounded, rule: 1, relay: false }).expect("not queued yet");
+            let owed = q.absorb(k, Tag { bounded, rule: 1, relay: false }, &mut None).expect("not queued yet");
             q.push_back(owed);
         }
-        assert!(q.absorb(&"a".into(), Tag { bounded: true, rule: 0, relay: false }).is_none(), "queued: folded in");
+        assert!(q.absorb("a", Tag { bounded: true, rule: 0, relay: false }, &mut None).is_none(), "queued: folded in");
         assert_eq!(q.len(), 2);
         // Another peer's read took `b` (its item goes to that peer).
         q.queued.remove("b");
