@@ -30,7 +30,7 @@ use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::perkey::CacheOptions;
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
-use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, accept, serve_router};
+use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, ServerError, accept, serve_router};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::overload::ShedLayer;
 use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules, global_rules};
@@ -162,7 +162,7 @@ struct Grpc {
 }
 
 /// The gRPC server (RLS and health) on `incoming` connections, until `stop`.
-async fn serve_grpc<I, IO, IE>(incoming: I, grpc: Grpc, stop: watch::Receiver<bool>) -> Result<(), String>
+async fn serve_grpc<I, IO, IE>(incoming: I, grpc: Grpc, stop: watch::Receiver<bool>) -> Result<(), ServerError>
 where
     I: tokio_stream::Stream<Item = Result<IO, IE>>,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
@@ -176,7 +176,7 @@ where
         .add_service(Rls::server(grpc.service, grpc.headers))
         .serve_with_incoming_shutdown(incoming, stopped(stop))
         .await
-        .map_err(|e| e.to_string())
+        .map_err(ServerError::from)
 }
 
 /// gRPC on `n` single-threaded runtimes ([`threads::on_threads`]), each
@@ -188,7 +188,7 @@ async fn per_thread_grpc(
     bound: ConnLimit,
     mut grpc: Grpc,
     stop: watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     let serve_stop = stop.clone();
     grpc.max_in_flight = grpc.max_in_flight.div_ceil(n.max(1));
     threads::on_threads(n, "grpc", listener, bound, stop, move |handed| {
@@ -208,7 +208,7 @@ fn held(handed: Handed) -> impl tokio_stream::Stream<Item = std::io::Result<Held
 /// The sync service on `listener` and the links to every peer, for a
 /// region whose state is `region`.
 fn spawn_sync<R: floodgate_core::region::Region + Clone>(
-    servers: &mut JoinSet<(&'static str, Result<(), String>)>,
+    servers: &mut JoinSet<(&'static str, Result<(), ServerError>)>,
     region: R,
     regions: &Regions,
     listener: TcpListener,
@@ -219,14 +219,14 @@ fn spawn_sync<R: floodgate_core::region::Region + Clone>(
     let serving = tonic::transport::Server::builder()
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
-    servers.spawn(async move { ("sync", serving.await.map_err(|e| e.to_string())) });
+    servers.spawn(async move { ("sync", serving.await.map_err(ServerError::from)) });
     let link = LinkConfig {
         interval: regions.config.interval,
         timeout: regions.config.timeout,
         token: regions.config.token.clone(),
     };
     let links = run_links(region, regions.config.peers.clone(), link, regions.stats.clone(), stop.clone());
-    servers.spawn(async move { ("sync links", links.await.map_err(|e| e.to_string())) });
+    servers.spawn(async move { ("sync links", links.await.map_err(ServerError::from)) });
 }
 
 /// Loaded and validated, not yet bound.
@@ -279,7 +279,8 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     for w in rules.current().warnings() {
         tracing::warn!("{w}");
     }
-    let keys = open_keys(&config.overrides, config.key_cache).map_err(ServeError::Config)?.map(Arc::new);
+    let keys =
+        open_keys(&config.overrides, config.key_cache).map_err(|e| ServeError::Config(e.to_string()))?.map(Arc::new);
     if let Some(k) = &keys {
         // Entries naming a tier the rules lack (the files edited while
         // stopped) get the files' rules: said now, never fatal.
@@ -417,7 +418,7 @@ impl Bound {
         let (stop_tx, stop_rx) = watch::channel(false);
         // Every server is one task naming itself; the first to stop on its
         // own (a failure) stops the rest.
-        let mut servers: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
+        let mut servers: JoinSet<(&'static str, Result<(), ServerError>)> = JoinSet::new();
 
         let health = tonic_health::server::HealthReporter::new();
         if let Some(grpc) = grpc {

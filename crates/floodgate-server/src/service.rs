@@ -236,7 +236,7 @@ impl<S: Store> Service<S> {
         }
         let keyed = match self.keys.as_deref() {
             Some(k) if !k.is_empty() => {
-                req.descriptors.iter().map(|d| k.lookup_now(&req.domain, &d.entries)).collect::<Result<_, ()>>().ok()?
+                req.descriptors.iter().map(|d| k.lookup_now(&req.domain, &d.entries)).collect::<Result<_, _>>().ok()?
             }
             _ => Vec::new(),
         };

@@ -273,7 +273,9 @@ async fn an_answer_in_use_is_read_again_before_it_expires_and_an_unused_one_expi
                     seen_pro = Some(started.elapsed());
                 }
             }
-            Err(()) => panic!("alice's answer expired in use, {:?} in", started.elapsed()),
+            Err(floodgate_server::rules::perkey::NeedsRead) => {
+                panic!("alice's answer expired in use, {:?} in", started.elapsed())
+            }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

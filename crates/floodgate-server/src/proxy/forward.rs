@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use tower_layer::Layer;
 
 use crate::proxy::upstream::Pool;
-use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, accept, serve_http};
+use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, ServerError, accept, serve_http};
 use crate::runtime::metrics::Protocol;
 use crate::runtime::threads;
 use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
@@ -76,24 +76,41 @@ pub struct Upstream {
     base: String,
 }
 
-impl FromStr for Upstream {
-    type Err = String;
+/// An upstream URL [`Upstream`] refuses, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadUpstream {
+    /// Not a URL.
+    #[error("`{0}` is not a URL ({1}): write e.g. http://127.0.0.1:3000")]
+    NotUrl(String, String),
+    /// An `https://` URL.
+    #[error(
+        "`{0}`: https upstreams are not supported; proxy to the service's plain-HTTP address (floodgate usually runs beside it), e.g. http://127.0.0.1:3000"
+    )]
+    Https(String),
+    /// Another scheme, or none.
+    #[error("`{0}`: give an http:// URL, e.g. http://127.0.0.1:3000")]
+    Scheme(String),
+    /// No host.
+    #[error("`{0}`: the URL has no host")]
+    NoHost(String),
+    /// A query string.
+    #[error("`{0}`: an upstream URL takes no query string")]
+    Query(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL ({e}): write e.g. http://127.0.0.1:3000"))?;
+impl FromStr for Upstream {
+    type Err = BadUpstream;
+
+    fn from_str(s: &str) -> Result<Self, BadUpstream> {
+        let uri: Uri = s.parse().map_err(|e: http::uri::InvalidUri| BadUpstream::NotUrl(s.into(), e.to_string()))?;
         match uri.scheme_str() {
             Some("http") => {}
-            Some("https") => {
-                return Err(format!(
-                    "`{s}`: https upstreams are not supported; proxy to the service's plain-HTTP address \
-                     (floodgate usually runs beside it), e.g. http://127.0.0.1:3000"
-                ));
-            }
-            _ => return Err(format!("`{s}`: give an http:// URL, e.g. http://127.0.0.1:3000")),
+            Some("https") => return Err(BadUpstream::Https(s.into())),
+            _ => return Err(BadUpstream::Scheme(s.into())),
         }
-        let authority = uri.authority().cloned().ok_or_else(|| format!("`{s}`: the URL has no host"))?;
+        let authority = uri.authority().cloned().ok_or_else(|| BadUpstream::NoHost(s.into()))?;
         if uri.query().is_some() {
-            return Err(format!("`{s}`: an upstream URL takes no query string"));
+            return Err(BadUpstream::Query(s.into()));
         }
         let base = uri.path().trim_end_matches('/').to_owned();
         Ok(Upstream { authority, base })
@@ -390,7 +407,7 @@ pub async fn serve_proxy<S: Store + 'static>(
     bound: ConnLimit,
     stop: watch::Receiver<bool>,
     threads: usize,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     if threads == 0 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let serving = serve_connections(rx, layer, forward, options, stop.clone());
@@ -413,7 +430,7 @@ async fn serve_connections<S: Store + 'static>(
     forward: Forward,
     options: ConnOptions,
     stop: watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     serve_http(incoming, layer.layer(forward), options, stop, "proxy").await;
     Ok(())
 }
@@ -456,7 +473,7 @@ mod tests {
             ("http://", "not a URL"),
         ] {
             let e = bad.parse::<Upstream>().unwrap_err();
-            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.to_string().contains(says), "{bad}: {e}");
         }
     }
 

@@ -23,6 +23,33 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
+/// Why a server (gRPC, the HTTP or admin API, the proxy, the sync) stopped
+/// with an error while running.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// tonic's server failed.
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    /// The links to the peer regions failed.
+    #[error(transparent)]
+    Links(#[from] floodgate_sync::PeerError),
+    /// A per-thread runtime or its thread could not start.
+    #[error("cannot start {name} {what} {index}: {source}")]
+    Start {
+        /// The servers' name (`grpc`, `proxy`).
+        name: &'static str,
+        /// `runtime` or `thread`.
+        what: &'static str,
+        /// Which of them.
+        index: usize,
+        /// Why.
+        source: io::Error,
+    },
+    /// A per-thread runtime ended without saying how (its thread panicked).
+    #[error("a {0} runtime stopped unexpectedly")]
+    Stopped(&'static str),
+}
+
 /// Connections a listener holds open at most, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// How long an HTTP/1 client may take to send a request's head, by default.
@@ -168,7 +195,7 @@ pub(crate) async fn serve_router(
     bound: ConnLimit,
     options: ConnOptions,
     stop: watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     let (tx, rx) = unbounded_channel();
     let accepting = accept(listener, vec![tx], bound, stop.clone());
     tokio::join!(accepting, serve_http(rx, router, options, stop, "HTTP"));

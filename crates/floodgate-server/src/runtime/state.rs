@@ -81,14 +81,48 @@ pub fn check_instance_name(name: &str) -> Result<(), BadInstanceName> {
 #[error("instance name `{0}`: use 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.` (e.g. api-eu-1)")]
 pub struct BadInstanceName(pub String);
 
+/// Why the per-key store could not be opened: each says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenKeysError {
+    /// The file `--overrides-file` names.
+    #[error("--overrides-file {}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: KeyError,
+    },
+    /// The instance's state directory cannot be made.
+    #[error("cannot create the state directory {}: {source}; give a writable --state-dir", dir.display())]
+    StateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The instance's file cannot be opened.
+    #[error("overrides file {}: {source}", path.display())]
+    Instance {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: KeyError,
+    },
+    /// Every name the instance may take is open in another process.
+    #[error(
+        "the overrides files of instance `{0}` and of {MAX_SLOTS} numbered names after it are all open in other processes: give this one its own --instance NAME"
+    )]
+    AllInUse(String),
+}
+
 /// Open the per-key store `file` says (with this cache), migrating the old
-/// default when it applies. `Ok(None)` when per-key entries are off; `Err`
-/// says what to change.
-pub fn open_keys(file: &OverridesFile, cache: CacheOptions) -> Result<Option<PerKey>, String> {
+/// default when it applies. `Ok(None)` when per-key entries are off.
+pub fn open_keys(file: &OverridesFile, cache: CacheOptions) -> Result<Option<PerKey>, OpenKeysError> {
     match file {
         OverridesFile::Off => Ok(None),
         OverridesFile::At(path) => {
-            let o = PerKey::open_with(path, cache).map_err(|e| format!("--overrides-file {}: {e}", path.display()))?;
+            let o =
+                PerKey::open_with(path, cache).map_err(|source| OpenKeysError::File { path: path.clone(), source })?;
             tracing::info!(file = %path.display(), "per-key entries (runtime overrides) persist here");
             Ok(Some(o))
         }
@@ -96,9 +130,7 @@ pub fn open_keys(file: &OverridesFile, cache: CacheOptions) -> Result<Option<Per
             for slot in 1..=MAX_SLOTS {
                 let name = if slot == 1 { instance.clone() } else { format!("{instance}-{slot}") };
                 let dir = state_dir.join(&name);
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    format!("cannot create the state directory {}: {e}; give a writable --state-dir", dir.display())
-                })?;
+                std::fs::create_dir_all(&dir).map_err(|source| OpenKeysError::StateDir { dir: dir.clone(), source })?;
                 let path = dir.join("overrides.redb");
                 if !path.exists() {
                     migrate_legacy(Path::new(LEGACY_OVERRIDES_FILE), &path);
@@ -111,12 +143,10 @@ pub fn open_keys(file: &OverridesFile, cache: CacheOptions) -> Result<Option<Per
                     Err(KeyError::InUse(_)) => {
                         tracing::info!(file = %path.display(), "open in another instance; trying the next name");
                     }
-                    Err(e) => return Err(format!("overrides file {}: {e}", path.display())),
+                    Err(source) => return Err(OpenKeysError::Instance { path, source }),
                 }
             }
-            Err(format!(
-                "the overrides files of instance `{instance}` and of {MAX_SLOTS} numbered names after it are all open in other processes: give this one its own --instance NAME"
-            ))
+            Err(OpenKeysError::AllInUse(instance.clone()))
         }
     }
 }

@@ -249,6 +249,11 @@ fn tier_of<'a>(set: &'a RuleSet, domain: &str, tier: &str) -> Option<&'a floodga
     set.domain(domain)?.tier(tier)
 }
 
+/// A lookup [`PerKey::lookup_now`] cannot answer without a Redis read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the entry is not cached: it needs a Redis read")]
+pub struct NeedsRead;
+
 /// Why an entry could not be set, deleted or read.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -424,15 +429,25 @@ impl Write {
     /// The write of an entry as builds before tiers stored it (redb's
     /// `overrides` table, Redis's shared map): the JSON of
     /// `{"spec": {domain, descriptor, limits}, "updated_at"}`.
-    fn legacy(text: &str) -> Result<Self, String> {
+    fn legacy(text: &str) -> Result<Self, BadLegacy> {
         #[derive(Deserialize)]
         struct Legacy {
             spec: KeySpec,
             updated_at: u64,
         }
-        let old: Legacy = serde_json::from_str(text).map_err(|e| format!("it does not parse: {e}"))?;
-        Self::of(&old.spec, old.updated_at).ok_or_else(|| "a control character in its descriptor".to_owned())
+        let old: Legacy = serde_json::from_str(text).map_err(BadLegacy::Parse)?;
+        Self::of(&old.spec, old.updated_at).ok_or(BadLegacy::Separator)
     }
+}
+
+/// Why an entry written by an older build cannot be moved (it is dropped,
+/// with a warning).
+#[derive(Debug, thiserror::Error)]
+enum BadLegacy {
+    #[error("it does not parse: {0}")]
+    Parse(serde_json::Error),
+    #[error("a control character in its descriptor")]
+    Separator,
 }
 
 /// The per-key store.
@@ -645,14 +660,13 @@ impl PerKey {
         None
     }
 
-    /// [`PerKey::lookup`] without waiting: `Err(())` when the answer needs
-    /// a Redis read (a miss with the entries in Redis).
-    #[allow(clippy::result_unit_err)]
+    /// [`PerKey::lookup`] without waiting: [`NeedsRead`] when the answer
+    /// needs a Redis read (a miss with the entries in Redis).
     pub fn lookup_now(
         &self,
         domain: &str,
         entries: &[(impl AsRef<str>, impl AsRef<str>)],
-    ) -> Result<Option<Limits>, ()> {
+    ) -> Result<Option<Limits>, NeedsRead> {
         if !self.may_have(domain) {
             return Ok(None);
         }
@@ -682,7 +696,7 @@ impl PerKey {
             } else {
                 match self.general_hit(&CacheKey::new(key)) {
                     Some(c) => (c, None),
-                    None => return Err(()),
+                    None => return Err(NeedsRead),
                 }
             };
             if let Some(code) = code {
