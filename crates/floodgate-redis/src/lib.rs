@@ -21,7 +21,6 @@ pub mod script;
 mod shared;
 mod store;
 mod target;
-pub mod testing;
 
 pub use global::RegionCtx;
 pub use pubsub::{PING_EVERY, Subscription};

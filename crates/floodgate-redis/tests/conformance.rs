@@ -9,8 +9,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use floodgate_core::{Algorithm, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, State, StoreError};
-use floodgate_redis::testing::{RedisCluster, RedisServer, join_all};
-use floodgate_redis::{RedisConfig, RedisStore};
+use floodgate_redis::{RedisConfig, RedisStore, join_all};
+use floodgate_testing::{RedisCluster, RedisServer};
 
 type Out = Vec<Result<Decision, StoreError>>;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::{Algorithm, LeakyMode, Limit, Store, StoreError};
-use floodgate_redis::testing::{RedisCluster, RedisServer};
 use floodgate_redis::{RedisConfig, RedisStore};
+use floodgate_testing::{RedisCluster, RedisServer};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

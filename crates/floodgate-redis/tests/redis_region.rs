@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use floodgate_core::region::{GlobalTable, Region, RegionConfig, Scope, SyncMode};
 use floodgate_core::{Algorithm, Check, Clock, Limit, SystemClock};
-use floodgate_redis::testing::RedisServer;
 use floodgate_redis::{RedisConfig, RedisRegion};
+use floodgate_testing::RedisServer;
 
 const A: usize = 0;
 const B: usize = 1;

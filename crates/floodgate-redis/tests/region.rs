@@ -10,8 +10,8 @@ use floodgate_core::region::{
     Batch, Component, GlobalTable, Item, RegionConfig, Scope, SyncMode, fingerprint, shape_of,
 };
 use floodgate_core::{Algorithm, Check, Limit};
-use floodgate_redis::testing::RedisServer;
 use floodgate_redis::{RedisConfig, RedisStore, RegionCtx};
+use floodgate_testing::RedisServer;
 use proptest::prelude::*;
 
 const T0: u64 = 1_700_002_800_000_000;
@@ -235,7 +235,7 @@ fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
 /// before and after a slot moves between primaries.
 #[test]
 fn a_scan_lists_every_primarys_keys() {
-    use floodgate_redis::testing::RedisCluster;
+    use floodgate_testing::RedisCluster;
     let cluster = RedisCluster::start();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let redis = store(&cluster.url());

@@ -8,10 +8,7 @@ use floodgate_core::rules::RuleSet;
 use floodgate_server::rules::perkey::{Entry, KeyError, KeySpec, PerKey};
 use serde_json::json;
 
-#[path = "../../floodgate/tests/common/mod.rs"]
-mod common;
-
-use common::TempDir;
+use floodgate_testing::TempDir;
 
 fn spec(user: &str, limits: serde_json::Value) -> KeySpec {
     KeySpec {

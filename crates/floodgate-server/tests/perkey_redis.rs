@@ -9,15 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::rules::RuleSet;
-use floodgate_redis::testing::{RedisCluster, RedisServer};
 use floodgate_redis::{RedisConfig, RedisStore};
 use floodgate_server::rules::perkey::{CacheOptions, Entry, KeySpec, Limits, PerKey, SHARDS};
+use floodgate_testing::{RedisCluster, RedisServer};
 use std::sync::atomic::Ordering::Relaxed;
 
-#[path = "../../floodgate/tests/common/mod.rs"]
-mod common;
-
-use common::TempDir;
+use floodgate_testing::TempDir;
 
 /// Domain `api` with tiers `free` and `pro`.
 const TIERED: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\ntiers:\n  free: {unit: minute, requests_per_unit: 60}\n  pro: {unit: second, requests_per_unit: 50}\n";

@@ -9,10 +9,7 @@ use floodgate_core::rules::LoadOptions;
 use floodgate_core::{ManualClock, MemoryStore};
 use floodgate_server::rules::reload::{Rules, WatchOptions, watch};
 
-#[path = "../../floodgate/tests/common/mod.rs"]
-mod common;
-
-use common::TempDir;
+use floodgate_testing::TempDir;
 
 fn rules_file(domain: &str, limit: u32) -> String {
     format!(

@@ -23,10 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-#[path = "../../floodgate/tests/common/mod.rs"]
-mod common;
-
-use common::TempDir;
+use floodgate_testing::TempDir;
 
 const RULES: &str = r#"
 domain: api

@@ -9,7 +9,6 @@
 
 mod browser;
 mod cli;
-mod common;
 
 use std::path::PathBuf;
 
@@ -143,7 +142,7 @@ fn dashboard_in_a_real_browser() {
         .chain((0..20).map(|i| 1100 + i * 100))
         .map(|at| format!("{{\"at_ms\": {at}, \"key\": \"alice\"}}\n"))
         .collect();
-    let dir = common::TempDir::new("plot");
+    let dir = floodgate_testing::TempDir::new("plot");
     let svg = dir.path("plot.svg");
     let mut sim = floodgate()
         .args(["simulate", "--report", "--limit", "10", "--window", "1s", "--plot"])

@@ -4,13 +4,12 @@
 //! defects 2, 4 and 5).
 
 mod cli;
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 
 use cli::{Served, floodgate, http, http_full, http_get};
-use common::TempDir;
+use floodgate_testing::TempDir;
 use serde_json::Value;
 
 /// `floodgate serve` from `cwd` on free ports with no rules or overrides

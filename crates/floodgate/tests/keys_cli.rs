@@ -3,10 +3,9 @@
 //! get, set, delete, tiers, and decisions under the imported tiers.
 
 mod cli;
-mod common;
 
 use cli::{Served, http_get, run};
-use common::TempDir;
+use floodgate_testing::TempDir;
 use serde_json::Value;
 
 const RULES: &str = "domain: api
@@ -204,7 +203,7 @@ fn a_tier_missing_at_startup_does_not_stop_the_server() {
 
 #[test]
 fn with_a_redis_store_an_import_on_one_instance_serves_on_every_instance() {
-    let redis = floodgate_redis::testing::RedisServer::start();
+    let redis = floodgate_testing::RedisServer::start();
     let a = Served::start("keys-redis-a", RULES, &["--store", &redis.url()]);
     let b = Served::start("keys-redis-b", RULES, &["--store", &redis.url()]);
     let dir = TempDir::new("keys-redis-files");

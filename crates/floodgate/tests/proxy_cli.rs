@@ -5,7 +5,6 @@
 //! HTTP/2, graceful shutdown, and bad flags.
 
 mod cli;
-mod common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

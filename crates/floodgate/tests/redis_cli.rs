@@ -4,12 +4,11 @@
 //! failure policy answers, and decisions are exact again once Redis is back.
 
 mod cli;
-mod common;
 
 use std::time::{Duration, Instant};
 
 use cli::{Served, http, http_get, run};
-use floodgate_redis::testing::RedisServer;
+use floodgate_testing::RedisServer;
 use serde_json::Value;
 
 /// One domain per exact algorithm, each `LIMIT` per hour (a test finishes

@@ -15,7 +15,6 @@
 //! Skips, saying why, only where namespaces cannot be made (not root).
 
 mod cli;
-mod common;
 #[path = "regions/net.rs"]
 mod net;
 
@@ -24,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cli::{Served, http, http_get};
-use common::TempDir;
+use floodgate_testing::TempDir;
 use net::{Host, Relay};
 use serde_json::Value;
 

@@ -11,13 +11,12 @@
 //! bounded cap holds through a crash loop that loses the cluster's data.
 
 mod cli;
-mod common;
 
 use std::time::{Duration, Instant};
 
 use cli::{Served, floodgate, http, http_get};
-use common::TempDir;
-use floodgate_redis::testing::{RedisCluster, free_port};
+use floodgate_testing::TempDir;
+use floodgate_testing::{RedisCluster, free_port};
 use serde_json::Value;
 
 const TOKEN: &str = "cluster-region-token";

@@ -3,12 +3,11 @@
 //! clients against a live server.
 
 mod cli;
-mod common;
 
 use std::net::TcpListener;
 
 use cli::{Served, bench, run};
-use common::TempDir;
+use floodgate_testing::TempDir;
 use serde_json::Value;
 
 const RULES: &str =

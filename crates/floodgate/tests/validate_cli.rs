@@ -3,9 +3,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod common;
-
-use common::TempDir;
+use floodgate_testing::TempDir;
 
 fn validate(dir: &Path) -> (Option<i32>, String, String) {
     let Output { status, stdout, stderr } =

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::TempDir;
+use floodgate_testing::TempDir;
 
 /// The binary, with no `FLOODGATE_*` settings from the environment (tests
 /// set everything with flags).

@@ -6,14 +6,10 @@
 //! Needs `redis-server` and `redis-cli` on the `PATH` (`scripts/test`
 //! installs them).
 
-#![allow(clippy::missing_panics_doc)]
-
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub use crate::store::join_all;
 
 /// A `redis-server` process, killed (and its directory removed) on drop.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! decision. Not a benchmark of record (scripts/bench-regions is); a quick
 //! look at the scripts alone.
 //!
-//!   cargo run --release -p floodgate-redis --example region_cost -- [keys] [decisions]
+//!   cargo run --release -p floodgate-benches --bin region_cost -- [keys] [decisions]
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::sync::Arc;
@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use floodgate_core::region::{Scope, SyncMode};
 use floodgate_core::{Algorithm, Check, Limit, Store};
-use floodgate_redis::testing::RedisServer;
 use floodgate_redis::{RedisConfig, RedisStore, RegionCtx};
+use floodgate_testing::RedisServer;
 
 fn info(server: &RedisServer) -> (f64, u64, u64) {
     let cpu = server.cli(&["info", "cpu"]);

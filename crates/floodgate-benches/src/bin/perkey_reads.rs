@@ -10,7 +10,7 @@
 //!   of 20 million lookups (the cost a lookup, and the hit rate).
 //!
 //! ```text
-//! cargo run --release -p floodgate-server --example perkey_reads -- PATH/keys.redb [users, default 10000000] [zipf]
+//! cargo run --release -p floodgate-benches --bin perkey_reads -- PATH/keys.redb [users, default 10000000] [zipf]
 //! ```
 //!
 //! With `zipf`, only the last (the bench's load, 5 rounds).

@@ -4,7 +4,7 @@
 //! BENCHMARKS.md):
 //!
 //! ```text
-//! cargo run --release -p floodgate-server --example empty_rls -- 127.0.0.1:18091
+//! cargo run --release -p floodgate-benches --bin empty_rls -- 127.0.0.1:18091
 //! ```
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};

@@ -1,15 +1,22 @@
-//! Helpers shared by the tests of the `floodgate` and `floodgate-server`
-//! crates (the server's include this file by path).
+//! What floodgate's tests share, in every crate (a dev-dependency, never
+//! published): throwaway Redis servers and clusters on free ports
+//! ([`redis`]), and temp dirs removed on drop ([`TempDir`]).
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(clippy::missing_panics_doc)]
+
+pub mod redis;
 
 use std::fs;
 use std::path::PathBuf;
 
+pub use redis::{RedisCluster, RedisServer, free_port};
+
 /// A fresh directory under the system temp dir, removed on drop.
+#[derive(Debug)]
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// A new empty directory named after `name` and this process.
     pub fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("floodgate-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
