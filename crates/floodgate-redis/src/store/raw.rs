@@ -1,0 +1,183 @@
+//! The store's plain commands beside its decisions: the escape hatches a
+//! region's and the per-key store's bookkeeping use (`raw`, `raw_here`,
+//! `bulk`), and the listing of keys over every primary (`SCAN`, the
+//! cluster's topology).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use floodgate_core::StoreError;
+
+use super::{CallError, Client, ConnSlot, MAX_LANES, RedisStore, join_all};
+use crate::conn::Packed;
+use crate::target::Target;
+
+impl RedisStore {
+    /// One plain command through the breaker and the timeout (a region's
+    /// own bookkeeping: its incarnation, `SCAN`).
+    pub async fn raw(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        self.raw_call(cmd).await
+    }
+
+    /// [`RedisStore::raw`] on a connection of this thread's own, made on
+    /// the current runtime: on a per-core runtime the command, its
+    /// connection's driver and the reply stay on one thread (no
+    /// cross-thread wake-ups; a per-key miss's read). Beyond 16 threads,
+    /// the shared connection.
+    pub async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        let slot = self.here();
+        let slot = slot.as_deref().unwrap_or(&self.inner.conn);
+        self.call(Packed::One(cmd), None, true, None, slot, None)
+            .await
+            .map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+
+    /// Each command of `pipe`, answered in order, on this thread's own
+    /// connection as [`RedisStore::raw_here`]. On one server they go as one
+    /// pipeline: one call through the breaker and the timeout, one write,
+    /// one reply to wait for (a batch of per-key misses, a command per
+    /// shard, costs what one command does). On a cluster each goes to its
+    /// own node, all together. A command that Redis refuses fails its own
+    /// answer; a call that fails (a timeout, a lost connection, the breaker
+    /// open) fails them all.
+    pub async fn raw_here_each(&self, pipe: &redis::Pipeline) -> Vec<Result<redis::Value, StoreError>> {
+        if matches!(self.inner.client, Client::Cluster(_)) {
+            return join_all(pipe.cmd_iter().map(|cmd| self.raw_here(cmd)).collect()).await;
+        }
+        let slot = self.here();
+        let slot = slot.as_deref().unwrap_or(&self.inner.conn);
+        let timeout = self.inner.config.timeout;
+        match self.call(Packed::Many(pipe), None, true, None, slot, None).await {
+            Ok(redis::Value::Array(replies)) if replies.len() == pipe.len() => replies
+                .into_iter()
+                .map(|v| v.extract_error().map_err(|e| CallError::Redis(e).store_error(timeout)))
+                .collect(),
+            Ok(_) => {
+                let e = CallError::Reply("a pipeline answered with the wrong count".to_owned());
+                pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect()
+            }
+            Err(e) => pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect(),
+        }
+    }
+
+    /// This thread's own connection slot (`None` beyond [`MAX_LANES`]
+    /// threads: the shared connection then).
+    pub(super) fn here(&self) -> Option<Arc<ConnSlot>> {
+        let thread = std::thread::current().id();
+        let mut here = self.inner.here.lock().unwrap_or_else(PoisonError::into_inner);
+        match here.iter().find(|(t, _)| *t == thread) {
+            Some((_, slot)) => Some(Arc::clone(slot)),
+            None if here.len() < MAX_LANES => {
+                let slot: Arc<ConnSlot> = Arc::new(Mutex::new(None));
+                here.push((thread, Arc::clone(&slot)));
+                Some(slot)
+            }
+            None => None,
+        }
+    }
+
+    /// One administrative command (a bulk write, a listing) through the
+    /// breaker, bounded by `timeout` instead of the decisions' timeout, on a
+    /// connection of its own.
+    pub async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.call(Packed::One(cmd), None, true, Some(deadline), &self.inner.bulk, None)
+            .await
+            .map_err(|e| e.store_error(timeout))
+    }
+
+    /// Every key matching `pattern` (`SCAN … MATCH`, 1 000 a call), each
+    /// call through the breaker, bounded by `timeout`, on the bulk
+    /// connection; each key once. As with `SCAN` itself, a key that exists
+    /// throughout is given, one written meanwhile may not be.
+    ///
+    /// On a cluster: one `SCAN` walk per primary, each routed by a slot it
+    /// serves as `CLUSTER SLOTS` lists them. When the listing differs after
+    /// the walks (a slot moved, a replica took over), a key may have moved
+    /// past a walk: the walks run again, up to three times in all; a
+    /// cluster still changing after that gives what the last walks found.
+    pub async fn scan(&self, pattern: &str, timeout: Duration) -> Result<Vec<String>, StoreError> {
+        let mut keys = std::collections::HashSet::new();
+        if let Target::Single(_) = self.inner.config.target {
+            // SCAN itself may give a key twice (while the server rehashes).
+            keys.extend(self.scan_node(pattern, None, timeout).await?);
+            return Ok(keys.into_iter().collect());
+        }
+        let mut before = self.topology(timeout).await?;
+        for _ in 0..3 {
+            keys.clear();
+            // One walk per primary, routed by the first slot it serves.
+            let mut walked: Vec<&redis::Value> = Vec::new();
+            for (first, _, primary) in &before {
+                if walked.contains(&primary) {
+                    continue;
+                }
+                walked.push(primary);
+                keys.extend(self.scan_node(pattern, Some(*first), timeout).await?);
+            }
+            let after = self.topology(timeout).await?;
+            if after == before {
+                break;
+            }
+            before = after;
+        }
+        Ok(keys.into_iter().collect())
+    }
+
+    /// One `SCAN` walk: of the server, or of the primary serving slot `at`.
+    pub(super) async fn scan_node(
+        &self,
+        pattern: &str,
+        at: Option<u16>,
+        timeout: Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(&cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+            let deadline = tokio::time::Instant::now() + timeout;
+            let v = self
+                .call(Packed::One(&scan), None, true, Some(deadline), &self.inner.bulk, at)
+                .await
+                .map_err(|e| e.store_error(timeout))?;
+            let (next, found): (String, Vec<String>) = redis::FromRedisValue::from_redis_value(v)
+                .map_err(|e| StoreError::Unavailable(format!("Redis: a SCAN reply: {e}")))?;
+            keys.extend(found);
+            if next == "0" {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The cluster's slot ranges as `CLUSTER SLOTS` gives them, ordered:
+    /// `(first slot, last slot, primary's address and id)`.
+    pub(super) async fn topology(&self, timeout: Duration) -> Result<Vec<(u16, u16, redis::Value)>, StoreError> {
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let v = self.bulk(&slots, timeout).await?;
+        let bad = |what: &str| StoreError::Unavailable(format!("Redis: a CLUSTER SLOTS reply {what}"));
+        let redis::Value::Array(ranges) = v else { return Err(bad("that is not an array")) };
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let redis::Value::Array(f) = r else { return Err(bad("with a range that is not an array")) };
+            let (Some(redis::Value::Int(first)), Some(redis::Value::Int(last)), Some(redis::Value::Array(primary))) =
+                (f.first(), f.get(1), f.get(2))
+            else {
+                return Err(bad("with a range without its slots and primary"));
+            };
+            let slot = |n: &i64| u16::try_from(*n).map_err(|_| bad("with a slot beyond 16383"));
+            out.push((slot(first)?, slot(last)?, redis::Value::Array(primary.iter().take(3).cloned().collect())));
+        }
+        out.sort_by_key(|r| r.0);
+        Ok(out)
+    }
+
+    /// One command through the breaker and the timeout (for [`SharedMap`](crate::SharedMap)).
+    pub(crate) async fn raw_call(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        self.call(Packed::One(cmd), None, true, None, &self.inner.conn, None)
+            .await
+            .map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+}
