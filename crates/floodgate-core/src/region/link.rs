@@ -20,6 +20,9 @@
 //! Lock order: a region's own locks (a key's shard) may be held while one
 //! link's lock is taken, never the other way round; every method here
 //! takes and releases one link's lock.
+//!
+//! (About 870 lines, a fifth of them unit tests: one state machine, kept
+//! whole so that its invariants read in one place.)
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
