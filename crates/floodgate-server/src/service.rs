@@ -9,7 +9,7 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
-use crate::rules::perkey::{Limits, PerKey};
+use crate::rules::perkey::{Limits, NeedsRead, PerKey};
 use crate::rules::reload::Rules;
 use crate::runtime::dashboard::KeyRef;
 use crate::runtime::metrics::{Metrics, Protocol};
@@ -213,16 +213,20 @@ impl<S: Store> Service<S> {
     }
 
     /// Validate `req` and gather what its descriptors resolve against,
-    /// waiting for per-key entries that must be read from Redis.
+    /// waiting for per-key entries that must be read from Redis. Each
+    /// descriptor is looked up once (and counted once in the per-key hits
+    /// and misses): at once when its answer is cached, else by a read.
     async fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
-        if let Some(sources) = self.sources_now(req) {
-            return sources;
-        }
-        // Valid, and an entry must be read from Redis.
-        let mut keyed = Vec::with_capacity(req.descriptors.len());
-        if let Some(k) = self.keys.as_deref() {
+        validate(req)?;
+        let mut keyed = Vec::new();
+        if let Some(k) = self.keys.as_deref().filter(|k| !k.is_empty()) {
+            keyed.reserve(req.descriptors.len());
             for d in &req.descriptors {
-                keyed.push(k.lookup(&req.domain, &d.entries).await);
+                let limits = match k.lookup_now(&req.domain, &d.entries) {
+                    Ok(limits) => limits,
+                    Err(NeedsRead) => k.lookup(&req.domain, &d.entries).await,
+                };
+                keyed.push(limits);
             }
         }
         Ok(self.sources_of(req, keyed))

@@ -377,3 +377,57 @@ async fn a_redis_cluster_holds_the_entries_sharded_and_notices_reach_every_insta
         cluster.nodes.iter().filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0).count();
     assert!(holding >= 3, "entries on {holding} nodes");
 }
+
+/// A two-descriptor request, one cached and one not, through the service
+/// (gRPC) and through the proxy's decider: each descriptor's lookup counts
+/// once in the per-key hits and misses (the cached one was counted again
+/// when the uncached one sent the request to the waiting path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_once() {
+    use floodgate_core::MemoryStore;
+    use floodgate_core::limiter::Limiter;
+    use floodgate_core::rules::LoadOptions;
+    use floodgate_server::proxy::ServiceDecider;
+    use floodgate_server::rules::reload::Rules;
+    use floodgate_server::runtime::metrics::{Metrics, Protocol};
+    use floodgate_server::service::{Descriptor, Request, Service};
+    use floodgate_tower::{Decide, RequestFacts};
+
+    let redis = RedisServer::start();
+    let dir = TempDir::new("pk-once");
+    let k = instance(&dir, "a", &redis.url());
+    ready(&k).await;
+    let set = rules();
+    for (user, tier) in [("alice", "free"), ("bob", "pro"), ("carol", "pro")] {
+        k.put(tiered(user, tier), &set, |_| None).await.unwrap();
+    }
+    // Two descriptors from two headers, for the proxy.
+    let rules_yaml = format!(
+        "{TIERED}request_descriptors:\n  - actions: [{{request_headers: {{header_name: x-a, descriptor_key: user}}}}]\n  - actions: [{{request_headers: {{header_name: x-b, descriptor_key: user}}}}]\n"
+    );
+    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
+    std::fs::write(dir.0.join("rules/api.yaml"), rules_yaml).unwrap();
+    let rules = Rules::load(dir.0.join("rules"), LoadOptions::default()).unwrap();
+    let limiter = Limiter::new(store(&redis.url()), MemoryStore::new());
+    let service = Arc::new(Service::new(rules, Some(k.clone()), limiter, Arc::new(Metrics::new())));
+    let counts = || (k.stats().hits.get(), k.stats().misses.get());
+
+    // alice cached, bob not.
+    assert_eq!(lookup(&k, "alice").await.as_deref(), Some("free"));
+    let before = counts();
+    let user = |u: &str| Descriptor { entries: vec![("user".into(), u.into())], ..Descriptor::default() };
+    let req = Request { domain: "api".into(), descriptors: vec![user("alice"), user("bob")], hits_addend: 1 };
+    assert!(service.decide(&req, Protocol::Grpc).await.unwrap().allowed);
+    assert_eq!(counts(), (before.0 + 1, before.1 + 1), "the service: alice one hit, bob one miss");
+
+    // Through the proxy: bob cached now, carol not.
+    let before = counts();
+    let decider = ServiceDecider::new(service.clone(), "api".into());
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-a", "bob".parse().unwrap());
+    headers.insert("x-b", "carol".parse().unwrap());
+    let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
+    let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+    assert!(decider.decide(&facts).await.unwrap().allowed);
+    assert_eq!(counts(), (before.0 + 1, before.1 + 1), "the proxy: bob one hit, carol one miss");
+}
