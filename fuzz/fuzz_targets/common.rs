@@ -6,7 +6,7 @@ use std::sync::Arc;
 use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{MemoryStore, SystemClock};
-use floodgate_server::rules::perkey::PerKey;
+use floodgate_perkey::PerKey;
 use floodgate_server::rules::reload::{Rules, RulesSource};
 use floodgate_server::runtime::metrics::Metrics;
 use floodgate_server::service::Service;

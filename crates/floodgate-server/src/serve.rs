@@ -28,7 +28,6 @@ use crate::protocol::grpc::Rls;
 use crate::protocol::headers::HeaderMode;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
-use crate::rules::perkey::CacheOptions;
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, ServerError, accept, serve_router};
 use crate::runtime::metrics::Metrics;
@@ -38,6 +37,7 @@ use crate::runtime::state::{OverridesFile, open_keys};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
 use crate::service::Service;
+use floodgate_perkey::CacheOptions;
 
 /// Everything `serve` needs to know.
 #[derive(Debug, Clone)]

@@ -9,10 +9,10 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
-use crate::rules::perkey::{Limits, NeedsRead, PerKey};
 use crate::rules::reload::Rules;
 use crate::runtime::dashboard::KeyRef;
 use crate::runtime::metrics::{Metrics, Protocol};
+use floodgate_perkey::{Limits, NeedsRead, PerKey};
 
 /// Most descriptors one request may carry (envoy sends a handful).
 pub const MAX_DESCRIPTORS: usize = 64;

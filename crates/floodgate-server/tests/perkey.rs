@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use floodgate_core::rules::RuleSet;
-use floodgate_server::rules::perkey::{Entry, KeyError, KeySpec, PerKey};
+use floodgate_perkey::{Entry, KeyError, KeySpec, PerKey};
 use serde_json::json;
 
 use floodgate_testing::TempDir;
@@ -408,11 +408,7 @@ fn a_miss_racing_a_write_never_leaves_the_old_answer_cached() {
     // A small cache: lookups of 64 keys keep evicting, so misses keep
     // reading while the writes go on.
     let o = std::sync::Arc::new(
-        PerKey::open_with(
-            dir.0.join("o.redb"),
-            floodgate_server::rules::perkey::CacheOptions { entries: 16, ttl: None },
-        )
-        .unwrap(),
+        PerKey::open_with(dir.0.join("o.redb"), floodgate_perkey::CacheOptions { entries: 16, ttl: None }).unwrap(),
     );
     let users: Vec<String> = (0..64).map(|i| format!("u{i}")).collect();
     for u in &users {
@@ -432,7 +428,7 @@ fn a_miss_racing_a_write_never_leaves_the_old_answer_cached() {
         })
         .collect();
     let tier_of = |u: &str| match o.get("api", &[("user", u)]) {
-        Some(floodgate_server::rules::perkey::Limits::Tier(t)) => t.to_owned(),
+        Some(floodgate_perkey::Limits::Tier(t)) => t.to_owned(),
         Some(_) => "own".to_owned(),
         None => "none".to_owned(),
     };
@@ -514,7 +510,7 @@ fn a_write_reaches_every_threads_own_copies_at_once() {
 
 #[test]
 fn cached_answers_expire_after_their_time_to_live() {
-    use floodgate_server::rules::perkey::CacheOptions;
+    use floodgate_perkey::CacheOptions;
 
     let dir = TempDir::new("ttl");
     let cache = CacheOptions { entries: 10, ttl: Some(std::time::Duration::from_millis(50)) };
@@ -565,7 +561,7 @@ fn listings_page_in_order_by_domain_and_prefix() {
         o.set(spec(u, json!({"unit": "second", "requests_per_unit": 1})), &no_rules()).unwrap();
     }
     o.set(KeySpec { domain: "api2".into(), ..spec("alice", json!({"unit": "second"})) }, &no_rules()).unwrap();
-    let users = |p: &floodgate_server::rules::perkey::Page| {
+    let users = |p: &floodgate_perkey::Page| {
         p.entries.iter().map(|(s, _)| format!("{}/{}", s.domain, s.descriptor[0].value)).collect::<Vec<_>>()
     };
     let p1 = o.page(Some("api"), "user=al", false, None, 2).unwrap();
@@ -616,13 +612,13 @@ fn index_ready(o: &PerKey) {
 
 #[test]
 fn misses_read_the_hash_index_and_writes_since_it_stay_exact() {
-    use floodgate_server::rules::perkey::CacheOptions;
+    use floodgate_perkey::CacheOptions;
     use std::sync::atomic::Ordering::Relaxed;
     let dir = TempDir::new("index");
     let path = dir.0.join("o.redb");
     let rules = RuleSet::from_yaml("api.yaml", TIERED).unwrap();
     let tier_of = |o: &PerKey, user: &str| match o.get("api", &[("user", user)]) {
-        Some(floodgate_server::rules::perkey::Limits::Tier(t)) => Some(t.to_string()),
+        Some(floodgate_perkey::Limits::Tier(t)) => Some(t.to_string()),
         Some(other) => Some(format!("{other:?}")),
         None => None,
     };
@@ -700,7 +696,7 @@ fn misses_read_the_hash_index_and_writes_since_it_stay_exact() {
 
 #[test]
 fn an_index_that_cannot_be_built_leaves_misses_on_the_database() {
-    use floodgate_server::rules::perkey::CacheOptions;
+    use floodgate_perkey::CacheOptions;
     let dir = TempDir::new("index-fails");
     let path = dir.0.join("o.redb");
     // Where the build spills its records, a file: every build fails.

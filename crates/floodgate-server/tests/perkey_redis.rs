@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::rules::RuleSet;
+use floodgate_perkey::{CacheOptions, Entry, KeySpec, Limits, PerKey, SHARDS};
 use floodgate_redis::{RedisConfig, RedisStore};
-use floodgate_server::rules::perkey::{CacheOptions, Entry, KeySpec, Limits, PerKey, SHARDS};
 use floodgate_testing::{RedisCluster, RedisServer};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -270,7 +270,7 @@ async fn an_answer_in_use_is_read_again_before_it_expires_and_an_unused_one_expi
                     seen_pro = Some(started.elapsed());
                 }
             }
-            Err(floodgate_server::rules::perkey::NeedsRead) => {
+            Err(floodgate_perkey::NeedsRead) => {
                 panic!("alice's answer expired in use, {:?} in", started.elapsed())
             }
         }

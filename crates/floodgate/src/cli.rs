@@ -168,7 +168,7 @@ pub(crate) struct CommonArgs {
     /// Per-key answers cached: tier and "no entry" answers in a table of
     /// ~19 bytes an answer (least frequently used with aging), answers with
     /// their own limits in up to as many more (~170 bytes each, S3-FIFO).
-    #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_server::rules::perkey::DEFAULT_CACHE_ENTRIES)]
+    #[arg(long, env = "FLOODGATE_KEY_CACHE", default_value_t = floodgate_perkey::DEFAULT_CACHE_ENTRIES)]
     pub(crate) key_cache: usize,
     /// How long a cached per-key answer is used before it is read again
     /// (default: 5m with a Redis store, where an answer hit in the last

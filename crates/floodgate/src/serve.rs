@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use floodgate_core::parse_duration;
 use std::time::Duration;
 
+use floodgate_perkey::CacheOptions;
 use floodgate_server::proxy::{ProxyConfig, Upstream};
-use floodgate_server::rules::perkey::CacheOptions;
 use floodgate_server::rules::reload::RulesSource;
 use floodgate_server::runtime::regions::RegionsConfig;
 use floodgate_server::runtime::state::{self, OverridesFile};
@@ -122,11 +122,11 @@ fn common_config(args: &CommonArgs) -> Result<Config, Failure> {
     if args.key_cache == 0 {
         return Err(Failure::usage("--key-cache: give at least 1"));
     }
-    if args.key_cache > floodgate_server::rules::perkey::MAX_CACHE_ENTRIES {
+    if args.key_cache > floodgate_perkey::MAX_CACHE_ENTRIES {
         return Err(Failure::usage(format!(
             "--key-cache: give at most {} answers (each takes {} bytes of a table allocated whole at the first answer)",
-            floodgate_server::rules::perkey::MAX_CACHE_ENTRIES,
-            floodgate_server::rules::perkey::BYTES_PER_COMPACT_ANSWER
+            floodgate_perkey::MAX_CACHE_ENTRIES,
+            floodgate_perkey::BYTES_PER_COMPACT_ANSWER
         )));
     }
     let ttl = args.key_cache_ttl.as_deref().map(|t| duration("key-cache-ttl", t)).transpose()?;

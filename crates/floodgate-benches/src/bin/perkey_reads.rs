@@ -21,7 +21,7 @@
 
 use std::time::Instant;
 
-use floodgate_server::rules::perkey::{CacheOptions, PerKey};
+use floodgate_perkey::{CacheOptions, PerKey};
 
 /// A xorshift step: the keys' order, reproducible.
 fn next(x: &mut u64) -> u64 {

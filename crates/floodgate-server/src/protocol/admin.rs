@@ -37,8 +37,8 @@ use serde_json::{Value, json};
 use crate::Backend;
 use crate::protocol::http::{ApiError, body, error};
 use crate::protocol::json::parse;
-use crate::rules::perkey::{Entry, KeyError, KeySpec, MAX_BATCH, PerKey};
 use crate::service::{Descriptor, Request as RlRequest, Service};
+use floodgate_perkey::{Entry, KeyError, KeySpec, MAX_BATCH, PerKey};
 
 /// What the admin handlers share.
 #[derive(Debug)]

@@ -3,7 +3,6 @@
 //! them, on disk, each naming a tier of the rules or giving its own).
 
 mod bundled;
-pub mod perkey;
 pub mod reload;
 
 pub use bundled::BUNDLED_RULES;

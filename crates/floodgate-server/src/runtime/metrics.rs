@@ -294,7 +294,7 @@ pub fn gauge(out: &mut String, name: &str, kind: &str, help: &str, value: impl s
 
 /// The per-key store's metrics: entries per (domain, tier), the cache's
 /// hits and misses, entries that could not be honoured.
-pub fn render_keys(out: &mut String, k: &crate::rules::perkey::PerKey) {
+pub fn render_keys(out: &mut String, k: &floodgate_perkey::PerKey) {
     gauge(out, "floodgate_overrides", "gauge", "Per-key entries (formerly runtime overrides), in all.", k.total());
     out.push_str("# HELP floodgate_key_entries Per-key entries by domain and tier (tier=\"\" for entries with their own limits).\n");
     out.push_str("# TYPE floodgate_key_entries gauge\n");

@@ -24,7 +24,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::rules::perkey::{CacheOptions, KeyError, PerKey};
+use floodgate_perkey::{CacheOptions, KeyError, PerKey};
 
 /// The old default overrides file, in the working directory.
 pub const LEGACY_OVERRIDES_FILE: &str = "floodgate-overrides.redb";

@@ -12,7 +12,7 @@
 
 use std::io::{BufRead, Write};
 
-use floodgate_server::rules::perkey::{Entry, KeySpec};
+use floodgate_perkey::{Entry, KeySpec};
 
 /// A file's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use floodgate_server::rules::perkey::{Entry, KeySpec, MAX_BATCH};
+use floodgate_perkey::{Entry, KeySpec, MAX_BATCH};
 use hyper::Method;
 use serde_json::{Value, json};
 

@@ -147,7 +147,7 @@ pub struct Entry {
 /// tier of the domain or its own limits.
 ///
 /// ```
-/// use floodgate_server::rules::perkey::KeySpec;
+/// use floodgate_perkey::KeySpec;
 /// let s: KeySpec = serde_json::from_str(
 ///     r#"{"domain": "api", "descriptor": [{"key": "user", "value": "alice"}], "tier": "pro"}"#,
 /// ).unwrap();
@@ -1197,11 +1197,9 @@ impl PerKey {
 
     /// The errors a new rule set has against the entries: a tier named by
     /// entries that the rules `in_use` define and `set` no longer does. For
-    /// [`Rules::add_check`]: such a reload is refused. (A tier `in_use`
-    /// lacks already, e.g. found so at startup, is no error: its entries get
-    /// the files' rules, see [`PerKey::missing_tiers`].)
-    ///
-    /// [`Rules::add_check`]: crate::rules::reload::Rules::add_check
+    /// the server's `Rules::add_check`: such a reload is refused. (A tier
+    /// `in_use` lacks already, e.g. found so at startup, is no error: its
+    /// entries get the files' rules, see [`PerKey::missing_tiers`].)
     pub fn check_rules(&self, set: &RuleSet, in_use: &RuleSet) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         for (domain, tier, n) in self.counts() {
