@@ -20,7 +20,7 @@ pub struct Striped([Padded<AtomicU64>; STRIPES]);
 /// prefetcher pairs lines): a counter's stripe, a lock of a stripe of keys.
 #[derive(Default)]
 #[repr(align(128))]
-pub(super) struct Padded<T>(pub(super) T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
 /// Gives each thread its stripe, in the order threads first count.
 static NEXT: AtomicUsize = AtomicUsize::new(0);

@@ -46,14 +46,14 @@ use std::hash::BuildHasher;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
-use super::Limits;
-use super::sharded::{SHARDS, shard_of};
-use super::value::{MAX_TIER_NAMES, tier_id, tier_named};
+use crate::Limits;
+use crate::entries::value::{MAX_TIER_NAMES, tier_id, tier_named};
+use crate::sharded::{SHARDS, shard_of};
 
 /// Answers per bucket.
-pub(super) const WAYS: usize = 7;
+pub(crate) const WAYS: usize = 7;
 /// Bytes of one bucket (two cache lines).
-pub(super) const BYTES_PER_BUCKET: usize = std::mem::size_of::<Bucket>();
+pub(crate) const BYTES_PER_BUCKET: usize = std::mem::size_of::<Bucket>();
 
 /// A bucket's words:
 /// * `[VERSION]`: its version (odd while a writer holds it), the top byte
@@ -90,7 +90,7 @@ const AGE_SHIFT: u32 = 56;
 /// The code of an answer this table can hold: 0 for "no entry", `n` for
 /// the tier with id `n - 1`; `None` for own limits (and a tier name never
 /// interned, which no stored entry gives).
-pub(super) fn code_of(limits: &Option<Limits>) -> Option<u32> {
+pub(crate) fn code_of(limits: &Option<Limits>) -> Option<u32> {
     match limits {
         None => Some(0),
         Some(Limits::Tier(t)) => tier_id(t).map(|id| id + 1),
@@ -99,7 +99,7 @@ pub(super) fn code_of(limits: &Option<Limits>) -> Option<u32> {
 }
 
 /// The answer of a code ([`code_of`]).
-pub(super) fn answer_of(code: u32) -> Option<Option<Limits>> {
+pub(crate) fn answer_of(code: u32) -> Option<Option<Limits>> {
     match code {
         0 => Some(None),
         n => tier_named(n - 1).map(|t| Some(Limits::Tier(t))),
@@ -124,7 +124,7 @@ fn shard(meta: u64) -> usize {
 }
 
 /// The table (see the module's documentation).
-pub(super) struct Compact {
+pub(crate) struct Compact {
     buckets: usize,
     /// Made at the first answer.
     table: OnceLock<Box<[Bucket]>>,
@@ -140,7 +140,7 @@ impl std::fmt::Debug for Compact {
 }
 
 /// What a lookup found.
-pub(super) enum Found {
+pub(crate) enum Found {
     /// The answer's code ([`code_of`]), and when it expires.
     Hit(u32, u64),
     /// No answer for the key (or an expired one).
@@ -150,16 +150,16 @@ pub(super) enum Found {
 /// Where a key's answer is kept: its bucket and its fingerprint (worked out
 /// once a lookup, and the front's too).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Place {
+pub(crate) struct Place {
     bucket: usize,
     /// The key's fingerprint: 64 bits of a keyed hash, never 0.
-    pub(super) fp: u64,
+    pub(crate) fp: u64,
 }
 
 impl Compact {
     /// A table of at least `capacity` answers (rounded up to whole
     /// buckets).
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             buckets: capacity.max(1).div_ceil(WAYS),
             table: OnceLock::new(),
@@ -175,7 +175,7 @@ impl Compact {
     }
 
     /// Where `key`'s answer is kept.
-    pub(super) fn place(&self, key: &str) -> Place {
+    pub(crate) fn place(&self, key: &str) -> Place {
         let h = self.to_bucket.hash_one(key);
         // Multiply-shift onto the buckets (no power of two needed).
         let bucket = ((u128::from(h) * self.buckets as u128) >> 64) as usize;
@@ -188,7 +188,7 @@ impl Compact {
     }
 
     /// The answer for the key at `at`, at `now_ms`, counting the hit.
-    pub(super) fn get(&self, at: Place, now_ms: impl FnOnce() -> u64) -> Found {
+    pub(crate) fn get(&self, at: Place, now_ms: impl FnOnce() -> u64) -> Found {
         let Some(w) = self.bucket(at) else { return Found::Miss };
         let fp = at.fp;
         let mut spins = 0u32;
@@ -227,7 +227,7 @@ impl Compact {
     /// locked (the caller's check that nothing changed the key since its
     /// read: a write that drops the key after `still` turns false finds the
     /// answer here and drops it). Whether it was kept.
-    pub(super) fn insert(
+    pub(crate) fn insert(
         &self,
         key: &str,
         at: Place,
@@ -260,7 +260,7 @@ impl Compact {
     }
 
     /// Drop the answer of the key at `at`, if any.
-    pub(super) fn remove(&self, at: Place) {
+    pub(crate) fn remove(&self, at: Place) {
         let Some(w) = self.bucket(at) else { return };
         let _lock = Locked::new(&w[VERSION]);
         if let Some(i) = find(w, at.fp) {
@@ -275,7 +275,7 @@ impl Compact {
     }
 
     /// Keep only the answers whose keys' Redis shards pass `keep`.
-    pub(super) fn retain_shards(&self, keep: impl Fn(usize) -> bool) {
+    pub(crate) fn retain_shards(&self, keep: impl Fn(usize) -> bool) {
         let Some(table) = self.table.get() else { return };
         for bucket in table.iter() {
             let w = &bucket.0;
@@ -289,17 +289,17 @@ impl Compact {
     }
 
     /// Drop every answer.
-    pub(super) fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.retain_shards(|_| false);
     }
 
     /// Answers held.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
     /// Bytes the table takes (0 until its first answer).
-    pub(super) fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         if self.table.get().is_none() { 0 } else { self.buckets * BYTES_PER_BUCKET }
     }
 }
@@ -371,7 +371,7 @@ mod tests {
     use super::*;
 
     fn tier(t: &'static str) -> Option<Limits> {
-        Some(Limits::Tier(super::super::value::intern_tier(t).unwrap()))
+        Some(Limits::Tier(crate::entries::value::intern_tier(t).unwrap()))
     }
 
     fn hit(c: &Compact, key: &str, now: u64) -> Option<Option<Limits>> {

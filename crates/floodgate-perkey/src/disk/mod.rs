@@ -4,7 +4,7 @@
 //!
 //! Nothing is loaded at open: a lookup reads one entry, a listing reads one
 //! page in key order. A lookup asks the hash index beside the database
-//! first ([`super::index`]: one bucket read), and the database (a B-tree
+//! first ([`index`]: one bucket read), and the database (a B-tree
 //! descent, a few microseconds from the OS page cache) when the index
 //! cannot answer. Three tables:
 //!
@@ -25,6 +25,8 @@
 //! to the whole spec): [`Disk::open`] moves its rows into `keys` in one
 //! transaction and drops it, with a log line.
 
+mod index;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -35,9 +37,9 @@ use redb::{
     Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use super::index::{self, Answer, BuildError, Builder, Index, Next};
-use super::value::{ENTRY_SEP, count_key};
+use self::index::{Answer, BuildError, Builder, Index, Next};
 use super::{KeyError, Rows, Write};
+use crate::entries::value::{ENTRY_SEP, count_key};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("tier_counts");

@@ -13,7 +13,7 @@
 use floodgate_core::rules::parse_limits;
 use serde::{Deserialize, Serialize};
 
-use super::{Entry, KeyError, KeySpec, Limits, PER_KEY_LABEL};
+use crate::{Entry, KeyError, KeySpec, Limits, PER_KEY_LABEL};
 
 const TIER: u8 = 1;
 const OWN: u8 = 2;

@@ -36,6 +36,8 @@
 //! batch and the reply stay on the thread that decides (one reader for the
 //! whole process cost three or four cross-thread wake-ups a batch).
 
+mod follow;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -448,7 +448,7 @@ pub(crate) struct Index {
     state: Mutex<State>,
     wake: Condvar,
     /// Misses the index answered.
-    pub(crate) answered: super::Striped,
+    pub(crate) answered: crate::Striped,
     /// Builds finished and swapped in.
     pub(crate) builds: AtomicU64,
     /// Set when the store is dropped: a build in progress stops.
@@ -490,7 +490,7 @@ impl Index {
                 retry_at: None,
             }),
             wake: Condvar::new(),
-            answered: super::Striped::default(),
+            answered: crate::Striped::default(),
             builds: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
         }

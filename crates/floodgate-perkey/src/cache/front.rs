@@ -33,7 +33,7 @@ use std::cell::RefCell;
 
 /// Slots per thread: a power of two. Zipf(1)'s top 4 096 of 10 million
 /// keys take 53% of its lookups.
-pub(super) const SLOTS: usize = 4_096;
+pub(crate) const SLOTS: usize = 4_096;
 /// Bytes of one thread's front cache (allocated by a thread that looks
 /// up an entry).
 pub const BYTES: usize = SLOTS * std::mem::size_of::<Slot>();
@@ -63,7 +63,7 @@ fn slot_of(fp: u64) -> usize {
 
 /// This thread's answer code for the key of fingerprint `fp`, if it holds
 /// a current one.
-pub(super) fn get(fp: u64, generation: u64, now_ms: impl FnOnce() -> u64) -> Option<u32> {
+pub(crate) fn get(fp: u64, generation: u64, now_ms: impl FnOnce() -> u64) -> Option<u32> {
     FRONT.with_borrow(|front| {
         let slot = &front.as_ref()?[slot_of(fp)];
         let hit = slot.fp == fp
@@ -75,7 +75,7 @@ pub(super) fn get(fp: u64, generation: u64, now_ms: impl FnOnce() -> u64) -> Opt
 
 /// Keep answer `code` for the key of fingerprint `fp`, read under
 /// `generation` (taken before the shared cache was read).
-pub(super) fn put(fp: u64, generation: u64, expires_ms: u64, code: u32) {
+pub(crate) fn put(fp: u64, generation: u64, expires_ms: u64, code: u32) {
     FRONT.with_borrow_mut(|front| {
         let slots = front.get_or_insert_with(|| vec![Slot::default(); SLOTS].into_boxed_slice());
         slots[slot_of(fp)] = Slot { fp, generation, expires_ms, code };
