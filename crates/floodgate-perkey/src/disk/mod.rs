@@ -8,7 +8,7 @@
 //! descent, a few microseconds from the OS page cache) when the index
 //! cannot answer. Three tables:
 //!
-//! * `keys`: the entry's lookup key ([`lookup_key`]) to its value (the
+//! * `keys`: the entry's lookup key ([`lookup_key`](crate::lookup_key)) to its value (the
 //!   bytes of `value.rs`). Key order is (domain, descriptor) order, so a
 //!   domain or a descriptor prefix is one range.
 //! * `tier_counts`: `domain \0 tier` (tier empty for entries with their own

@@ -182,7 +182,7 @@ pub(crate) fn writes_of(entries: &[KeyEntry]) -> Result<Vec<Write>, KeyError> {
 }
 
 /// Check a spec and build its entry (a tier is not checked against the
-/// rules here: [`PerKey::validate`] does that).
+/// rules here: [`PerKey::validate`](crate::PerKey::validate) does that).
 pub(crate) fn build(spec: KeySpec, updated_at: u64) -> Result<KeyEntry, KeyError> {
     let bad = |m: String| Err(KeyError::Invalid(m));
     if spec.domain.is_empty() || spec.domain.len() > MAX_TEXT {
