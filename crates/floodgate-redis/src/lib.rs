@@ -26,5 +26,5 @@ pub use global::RegionCtx;
 pub use pubsub::{PING_EVERY, Subscription};
 pub use region::{MergeStats, RedisRegion};
 pub use shared::SharedMap;
-pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore, join_all};
+pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore, Script, Via, join_all};
 pub use target::{Target, TargetError};

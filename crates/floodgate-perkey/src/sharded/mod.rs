@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use floodgate_core::StoreError;
-use floodgate_redis::RedisStore;
+use floodgate_redis::{RedisStore, Script, Via};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{KeyError, Rows, Write};
@@ -60,43 +60,15 @@ pub(crate) const WRITE_CHUNK: usize = 256;
 const WRITES_IN_FLIGHT: usize = 4;
 /// The longest an administrative call waits for Redis.
 pub(crate) const ADMIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Administrative calls (writes, listings, counts): their own connection,
+/// [`ADMIN_TIMEOUT`].
+const ADMIN: Via = Via::Admin(ADMIN_TIMEOUT);
 /// Misses waiting for a batch before a lookup waits to queue.
 const READ_QUEUE: usize = 65_536;
 
-/// Writes entries of one shard. KEYS: its entries hash, index, counts and
-/// version. ARGV: the channel, the written keys (a JSON array), the
-/// shard's number, then (lookup key, value) pairs (an empty value
-/// deletes). Bumps the shard's version and publishes `shard:version:keys`.
-/// Returns, per write, 1 when the key held a value before.
-/// The tier of a value is read as `value.rs` writes it.
-const WRITE: &str = r"
-local function count(c, field, v, by)
-  local cut = string.find(field, '\0', 1, true)
-  local tier = ''
-  if string.byte(v, 1) == 1 then tier = string.sub(v, 10) end
-  local k = string.sub(field, 1, (cut or (#field + 1)) - 1) .. '\0' .. tier
-  if redis.call('HINCRBY', c, k, by) <= 0 then redis.call('HDEL', c, k) end
-end
-local out = {}
-local e, i, c = KEYS[1], KEYS[2], KEYS[3]
-for a = 4, #ARGV, 2 do
-  local f, v = ARGV[a], ARGV[a + 1]
-  local old = redis.call('HGET', e, f)
-  if old then count(c, f, old, -1) end
-  if v == '' then
-    redis.call('HDEL', e, f)
-    redis.call('ZREM', i, f)
-  else
-    redis.call('HSET', e, f, v)
-    redis.call('ZADD', i, 0, f)
-    count(c, f, v, 1)
-  end
-  out[#out + 1] = old and 1 or 0
-end
-local version = redis.call('INCR', KEYS[4])
-redis.call('PUBLISH', ARGV[1], ARGV[3] .. ':' .. version .. ':' .. ARGV[2])
-return out
-";
+/// Writes entries of one shard: `scripts/write.lua` (its `KEYS` and
+/// `ARGV` at its top).
+const WRITE: &str = include_str!("../../scripts/write.lua");
 
 /// A shard's entries (`e`), index (`i`), counts (`c`) or version (`v`)
 /// key, under the store's key prefix.
@@ -134,14 +106,12 @@ pub(crate) struct Sharded {
     pub(crate) batches: AtomicU64,
     /// Each shard's entries key (`e`), made once: every miss names one.
     entries_keys: Box<[String]>,
+    /// [`WRITE`].
+    write: Script,
 }
 
 fn shared(e: impl std::fmt::Display) -> KeyError {
     KeyError::Shared(e.to_string())
-}
-
-fn reply<T: ::redis::FromRedisValue>(v: Result<::redis::Value, StoreError>) -> Result<T, KeyError> {
-    ::redis::FromRedisValue::from_redis_value(v.map_err(shared)?).map_err(|e| shared(format!("Redis: {e}")))
 }
 
 /// The same failure again, for each key of a failed call.
@@ -150,15 +120,6 @@ fn again(e: &KeyError) -> KeyError {
         KeyError::Shared(why) => KeyError::Shared(why.clone()),
         e => shared(e),
     }
-}
-
-/// Which connection a call goes on.
-#[derive(Clone, Copy)]
-enum Via {
-    /// The decisions' connection and timeout (a miss's read).
-    Decisions,
-    /// The administrative connection, [`ADMIN_TIMEOUT`].
-    Admin,
 }
 
 impl Sharded {
@@ -173,6 +134,7 @@ impl Sharded {
             store,
             readers: Mutex::new(Vec::new()),
             batches: AtomicU64::new(0),
+            write: Script::new(WRITE),
         }
     }
 
@@ -181,24 +143,13 @@ impl Sharded {
         shard_key(&self.prefix, shard, part)
     }
 
-    /// One command's reply.
-    async fn call<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd, via: Via) -> Result<T, KeyError> {
-        reply(match via {
-            Via::Decisions => self.store.raw_here(cmd).await,
-            Via::Admin => self.store.bulk(cmd, ADMIN_TIMEOUT).await,
-        })
-    }
-
-    /// `cmd(shard)` on every shard, sent together (administrative).
-    async fn every_shard<T: ::redis::FromRedisValue>(
+    /// `call(shard)` on every shard, sent together.
+    async fn every_shard<T, F: Future<Output = Result<T, StoreError>>>(
         &self,
-        cmd: impl Fn(usize) -> ::redis::Cmd,
+        call: impl Fn(usize) -> F,
     ) -> Result<Vec<T>, KeyError> {
-        let calls = (0..SHARDS).map(|s| {
-            let cmd = cmd(s);
-            async move { self.call(&cmd, Via::Admin).await }
-        });
-        floodgate_redis::join_all(calls.collect()).await.into_iter().collect()
+        let calls = (0..SHARDS).map(call);
+        floodgate_redis::join_all(calls.collect()).await.into_iter().map(|r| r.map_err(shared)).collect()
     }
 
     /// The values under `keys`, in order: one `HMGET` per shard, sent
@@ -209,26 +160,14 @@ impl Sharded {
         for (i, k) in keys.iter().enumerate() {
             by_shard.entry(shard_of(k)).or_default().push(i);
         }
-        let mut pipe = ::redis::Pipeline::with_capacity(by_shard.len());
-        for (&shard, idx) in &by_shard {
-            let cmd = pipe.cmd("HMGET").arg(&self.entries_keys[shard]);
-            for &i in idx {
-                cmd.arg(keys[i]);
-            }
-        }
-        let replies = match via {
-            Via::Decisions => self.store.raw_here_each(&pipe).await,
-            Via::Admin => {
-                let calls = pipe.cmd_iter().map(|cmd| self.store.bulk(cmd, ADMIN_TIMEOUT));
-                floodgate_redis::join_all(calls.collect()).await
-            }
-        };
+        let reads: Vec<(&str, Vec<&str>)> = by_shard
+            .iter()
+            .map(|(&shard, idx)| (self.entries_keys[shard].as_str(), idx.iter().map(|&i| keys[i]).collect()))
+            .collect();
+        let replies = self.store.hmget_each(&reads, via).await;
         let mut out: Vec<Result<Option<Vec<u8>>, KeyError>> = keys.iter().map(|_| Ok(None)).collect();
         for ((_, idx), got) in by_shard.into_iter().zip(replies) {
-            let got = reply::<Vec<Option<Vec<u8>>>>(got).and_then(|got| {
-                if got.len() == idx.len() { Ok(got) } else { Err(shared("Redis answered HMGET with the wrong count")) }
-            });
-            match got {
+            match got.map_err(shared) {
                 Ok(values) => idx.into_iter().zip(values).for_each(|(i, v)| out[i] = Ok(v)),
                 Err(e) => idx.into_iter().for_each(|i| out[i] = Err(again(&e))),
             }
@@ -298,9 +237,7 @@ impl Sharded {
 
     /// The value under `key`, read now (the admin API's exact lookup).
     pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, KeyError> {
-        let mut cmd = ::redis::cmd("HGET");
-        cmd.arg(&self.entries_keys[shard_of(key)]).arg(key);
-        self.call(&cmd, Via::Admin).await
+        self.store.hget(&self.entries_keys[shard_of(key)], key, ADMIN).await.map_err(shared)
     }
 
     /// Apply `writes` ([`WRITE`]): one script per shard and per
@@ -330,16 +267,15 @@ impl Sharded {
     async fn write_chunk(&self, writes: &[Write], shard: usize, idx: &[usize]) -> Result<Vec<(usize, bool)>, KeyError> {
         let keys: Vec<&str> = idx.iter().map(|&i| writes[i].key.as_str()).collect();
         let message = serde_json::to_string(&keys).map_err(shared)?;
-        let mut cmd = ::redis::cmd("EVAL");
-        cmd.arg(WRITE).arg(4);
-        for part in ["e", "i", "c", "v"] {
-            cmd.arg(self.key(shard, part));
-        }
-        cmd.arg(&self.channel).arg(message).arg(shard);
+        let shard_keys = ["e", "i", "c", "v"].map(|part| self.key(shard, part));
+        let shard_number = shard.to_string();
+        let mut args: Vec<&[u8]> = vec![self.channel.as_bytes(), message.as_bytes(), shard_number.as_bytes()];
         for &i in idx {
-            cmd.arg(writes[i].key.as_str()).arg(writes[i].value.as_deref().unwrap_or_default());
+            args.push(writes[i].key.as_bytes());
+            args.push(writes[i].value.as_deref().unwrap_or_default());
         }
-        let existed: Vec<i64> = self.call(&cmd, Via::Admin).await?;
+        let shard_keys = shard_keys.each_ref().map(String::as_str);
+        let existed = self.store.run_script(&self.write, &shard_keys, &args, ADMIN).await.map_err(shared)?;
         if existed.len() != idx.len() {
             return Err(shared("Redis answered the write with the wrong count"));
         }
@@ -348,13 +284,8 @@ impl Sharded {
 
     /// Entries per `(domain, tier)`, every shard's counts summed.
     pub(crate) async fn counts(&self) -> Result<Vec<(String, String, u64)>, KeyError> {
-        let shards: Vec<Vec<(String, u64)>> = self
-            .every_shard(|s| {
-                let mut cmd = ::redis::cmd("HGETALL");
-                cmd.arg(self.key(s, "c"));
-                cmd
-            })
-            .await?;
+        let keys: Vec<String> = (0..SHARDS).map(|s| self.key(s, "c")).collect();
+        let shards = self.every_shard(|s| self.store.hash_counts(&keys[s], ADMIN)).await?;
         let mut sum: BTreeMap<(String, String), u64> = BTreeMap::new();
         for rows in shards {
             for (k, n) in rows {
@@ -380,13 +311,8 @@ impl Sharded {
         let each = (2 * limit).div_ceil(SHARDS).max(16);
         let min = [if inclusive { b"[" } else { b"(" }.as_slice(), start.as_bytes()].concat();
         let max = if within.is_empty() { b"+".to_vec() } else { [b"[", within.as_bytes(), &[0xff]].concat() };
-        let shards: Vec<Vec<String>> = self
-            .every_shard(|s| {
-                let mut cmd = ::redis::cmd("ZRANGEBYLEX");
-                cmd.arg(self.key(s, "i")).arg(min.as_slice()).arg(max.as_slice()).arg("LIMIT").arg(0).arg(each);
-                cmd
-            })
-            .await?;
+        let index_keys: Vec<String> = (0..SHARDS).map(|s| self.key(s, "i")).collect();
+        let shards = self.every_shard(|s| self.store.range_by_lex(&index_keys[s], &min, &max, each, ADMIN)).await?;
         let mut keys = Vec::new();
         let mut bound: Option<String> = None;
         for shard in shards {
@@ -405,7 +331,7 @@ impl Sharded {
         }
         keys.truncate(limit);
         let more = bound.is_some() || keys.len() < candidates;
-        let found = self.values(&keys.iter().map(String::as_str).collect::<Vec<_>>(), Via::Admin).await;
+        let found = self.values(&keys.iter().map(String::as_str).collect::<Vec<_>>(), ADMIN).await;
         let mut values = Vec::with_capacity(keys.len());
         for (k, v) in keys.into_iter().zip(found) {
             // Deleted between the two reads: not listed.
@@ -418,28 +344,19 @@ impl Sharded {
 
     /// Every shard's version (0 before its first write), read together.
     pub(crate) async fn versions(&self) -> Result<Vec<u64>, KeyError> {
-        let versions: Vec<Option<u64>> = self
-            .every_shard(|s| {
-                let mut cmd = ::redis::cmd("GET");
-                cmd.arg(self.key(s, "v"));
-                cmd
-            })
-            .await?;
+        let keys: Vec<String> = (0..SHARDS).map(|s| self.key(s, "v")).collect();
+        let versions = self.every_shard(|s| self.store.get_number(&keys[s], ADMIN)).await?;
         Ok(versions.into_iter().map(Option::unwrap_or_default).collect())
     }
 
     /// Whether the layout was set up (old entries migrated into it).
     pub(crate) async fn is_set_up(&self) -> Result<bool, KeyError> {
-        let mut cmd = ::redis::cmd("EXISTS");
-        cmd.arg(&self.marker);
-        Ok(self.call::<i64>(&cmd, Via::Admin).await? == 1)
+        self.store.exists(&self.marker, ADMIN).await.map_err(shared)
     }
 
     /// Note that the layout holds every entry.
     pub(crate) async fn mark_set_up(&self) -> Result<(), KeyError> {
-        let mut cmd = ::redis::cmd("SET");
-        cmd.arg(&self.marker).arg("1");
-        self.call::<()>(&cmd, Via::Admin).await
+        self.store.set(&self.marker, "1", ADMIN).await.map_err(shared)
     }
 
     /// The store, for the subscription.

@@ -19,7 +19,10 @@ use crate::script::GlobalArgs;
 use crate::target::Target;
 
 mod batch;
+mod commands;
 mod raw;
+
+pub use commands::{Script, Via};
 
 use batch::{Lane, MAX_LANES};
 

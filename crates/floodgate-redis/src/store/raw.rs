@@ -1,7 +1,8 @@
-//! The store's plain commands beside its decisions: the escape hatches a
-//! region's and the per-key store's bookkeeping use (`raw`, `raw_here`,
-//! `bulk`), and the listing of keys over every primary (`SCAN`, the
-//! cluster's topology).
+//! The store's plain commands beside its decisions, for this crate: a
+//! Redis region's bookkeeping (`raw`, public too, for tests and tools) and
+//! what the typed commands of `commands.rs` are made of (`raw_here`,
+//! `raw_here_each`, `bulk`); and the listing of keys over every primary
+//! (`SCAN`, the cluster's topology).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,7 +25,7 @@ impl RedisStore {
     /// connection's driver and the reply stay on one thread (no
     /// cross-thread wake-ups; a per-key miss's read). Beyond 16 threads,
     /// the shared connection.
-    pub async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+    pub(crate) async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
         let slot = self.here();
         let slot = slot.as_deref().unwrap_or(&self.inner.conn);
         self.call(Packed::One(cmd), None, true, None, slot, None)
@@ -40,7 +41,7 @@ impl RedisStore {
     /// own node, all together. A command that Redis refuses fails its own
     /// answer; a call that fails (a timeout, a lost connection, the breaker
     /// open) fails them all.
-    pub async fn raw_here_each(&self, pipe: &redis::Pipeline) -> Vec<Result<redis::Value, StoreError>> {
+    pub(crate) async fn raw_here_each(&self, pipe: &redis::Pipeline) -> Vec<Result<redis::Value, StoreError>> {
         if matches!(self.inner.client, Client::Cluster(_)) {
             return join_all(pipe.cmd_iter().map(|cmd| self.raw_here(cmd)).collect()).await;
         }
@@ -57,6 +58,31 @@ impl RedisStore {
                 pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect()
             }
             Err(e) => pipe.cmd_iter().map(|_| Err(e.store_error(timeout))).collect(),
+        }
+    }
+
+    /// A script command (`EVALSHA`, then `eval()` on `NOSCRIPT`) on the
+    /// connection `via` names.
+    pub(super) async fn script_on(
+        &self,
+        cmd: &redis::Cmd,
+        eval: &(dyn Fn() -> redis::Cmd + Sync),
+        via: super::commands::Via,
+    ) -> Result<redis::Value, StoreError> {
+        match via {
+            super::commands::Via::Decisions => {
+                let slot = self.here();
+                let slot = slot.as_deref().unwrap_or(&self.inner.conn);
+                self.call(Packed::One(cmd), Some(eval), true, None, slot, None)
+                    .await
+                    .map_err(|e| e.store_error(self.inner.config.timeout))
+            }
+            super::commands::Via::Admin(timeout) => {
+                let deadline = tokio::time::Instant::now() + timeout;
+                self.call(Packed::One(cmd), Some(eval), true, Some(deadline), &self.inner.bulk, None)
+                    .await
+                    .map_err(|e| e.store_error(timeout))
+            }
         }
     }
 
@@ -79,7 +105,7 @@ impl RedisStore {
     /// One administrative command (a bulk write, a listing) through the
     /// breaker, bounded by `timeout` instead of the decisions' timeout, on a
     /// connection of its own.
-    pub async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
+    pub(crate) async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
         self.call(Packed::One(cmd), None, true, Some(deadline), &self.inner.bulk, None)
             .await
@@ -179,5 +205,75 @@ impl RedisStore {
         self.call(Packed::One(cmd), None, true, None, &self.inner.conn, None)
             .await
             .map_err(|e| e.store_error(self.inner.config.timeout))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use floodgate_testing::{RedisCluster, RedisServer};
+
+    use crate::{RedisConfig, RedisStore};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    }
+
+    fn store(url: &str, timeout: Duration) -> RedisStore {
+        let mut c = RedisConfig::new(url.parse().unwrap());
+        c.timeout = timeout;
+        RedisStore::new(c).unwrap()
+    }
+
+    /// `raw_here_each`: the commands of a pipeline answered in order, one
+    /// that Redis refuses failing alone (a per-key read batch: one shard's
+    /// failure must not fail the others'), and a hung Redis failing them all
+    /// within the timeout; the same on a cluster, where each command goes to
+    /// its own node.
+    #[test]
+    fn a_pipeline_answers_each_command_and_fails_one_alone() {
+        let server = RedisServer::start();
+        let rt = runtime();
+        let s = store(&server.url(), Duration::from_millis(200));
+        server.cli(&["HSET", "h", "a", "1"]);
+        server.cli(&["SET", "str", "x"]);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg("h").arg("a").arg("b");
+        pipe.cmd("HMGET").arg("str").arg("a");
+        pipe.cmd("GET").arg("str");
+        rt.block_on(async {
+            let got = s.raw_here_each(&pipe).await;
+            assert_eq!(got.len(), 3);
+            let first: Vec<Option<String>> = redis::FromRedisValue::from_redis_value(got[0].clone().unwrap()).unwrap();
+            assert_eq!(first, [Some("1".to_owned()), None]);
+            let e = got[1].as_ref().unwrap_err().to_string();
+            assert!(e.contains("WRONGTYPE"), "the refused command fails alone: {e}");
+            let third: String = redis::FromRedisValue::from_redis_value(got[2].clone().unwrap()).unwrap();
+            assert_eq!(third, "x");
+            assert!(!s.stats().breaker_open, "a refused command is a reply, not a fault");
+
+            server.pause();
+            let t = Instant::now();
+            let got = s.raw_here_each(&pipe).await;
+            assert!(got.iter().all(Result::is_err), "a hung Redis fails every command");
+            assert!(t.elapsed() < Duration::from_millis(800), "within the timeout: {:?}", t.elapsed());
+            server.resume();
+        });
+        let cluster = RedisCluster::start();
+        let c = store(&cluster.url(), Duration::from_secs(2));
+        rt.block_on(async {
+            let mut pipe = redis::pipe();
+            for k in ["{a}x", "{b}y", "{c}z"] {
+                pipe.cmd("SET").arg(k).arg(k);
+            }
+            for k in ["{a}x", "{b}y", "{c}z"] {
+                pipe.cmd("GET").arg(k);
+            }
+            let got = c.raw_here_each(&pipe).await;
+            let values: Vec<String> =
+                got[3..].iter().map(|v| redis::FromRedisValue::from_redis_value(v.clone().unwrap()).unwrap()).collect();
+            assert_eq!(values, ["{a}x", "{b}y", "{c}z"], "each to its own node");
+        });
     }
 }
