@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
-use floodgate_core::rules::{Rule, RuleSet, Unit, counter_key};
+use floodgate_core::rules::{Rule, RuleSet, Unit, carried_key, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
 use crate::rules::reload::Rules;
@@ -340,7 +340,7 @@ fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<(
     for (d, desc) in req.descriptors.iter().enumerate() {
         if let Some(Some(rule)) = inline.get(d) {
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
-            out.push((d, format!("{}@rls:{}/{}", counter_key(domain, &desc.entries), l.0, l.1), rule));
+            out.push((d, carried_key(domain, &desc.entries, u64::from(l.0), l.1), rule));
             continue;
         }
         if let Some(Some(l)) = keyed.get(d) {

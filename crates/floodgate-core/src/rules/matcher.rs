@@ -30,8 +30,36 @@ impl Match<'_> {
     /// descriptor has several limits. Length-prefixed, so no key or value
     /// can make two different descriptors collide.
     pub fn counter_key(&self, i: usize) -> String {
-        if i == 0 { self.key.clone() } else { format!("{}#{i}", self.key) }
+        limit_key(self.key.clone(), i)
     }
+}
+
+/// The counter key of limit `i` of a descriptor whose counter key is
+/// `base`: `base` itself for the first limit, `base#i` for the others (a
+/// descriptor with several limits in its rules file, or a per-key entry
+/// with several). Written onto `base`.
+pub fn limit_key(mut base: String, i: usize) -> String {
+    if i > 0 {
+        use std::fmt::Write as _;
+        let _ = write!(base, "#{i}");
+    }
+    base
+}
+
+/// The counter key of a limit a request carries itself (RLS's
+/// `descriptor.limit`): the exact descriptor's key with the limit, so that
+/// each distinct carried limit counts apart from the files' rules and from
+/// every other carried limit.
+pub fn carried_key<K: AsRef<str>, V: AsRef<str>>(
+    domain: &str,
+    entries: &[(K, V)],
+    requests_per_unit: u64,
+    unit: &str,
+) -> String {
+    use std::fmt::Write as _;
+    let mut key = counter_key(domain, entries);
+    let _ = write!(key, "@rls:{requests_per_unit}/{unit}");
+    key
 }
 
 impl RuleSet {

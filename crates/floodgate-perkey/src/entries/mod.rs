@@ -92,12 +92,8 @@ impl Limits {
     }
 
     /// [`Limits::counter_key`], written onto `base`.
-    pub fn suffixed(&self, mut base: String, i: usize) -> String {
-        if i > 0 {
-            use std::fmt::Write as _;
-            let _ = write!(base, "#{i}");
-        }
-        base
+    pub fn suffixed(&self, base: String, i: usize) -> String {
+        floodgate_core::rules::limit_key(base, i)
     }
 }
 
