@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
-use floodgate_core::rules::{Rule, RuleSet, Unit, carried_key, counter_key};
+use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
 use floodgate_core::{Algorithm, Decision, Limit, Store};
 
 use crate::rules::reload::Rules;
@@ -310,12 +310,9 @@ impl<S: Store> Service<S> {
 }
 
 /// The checks of the planned limits, each with its descriptor's hits.
-fn checks_of<'a>(req: &Request, planned: &'a [(usize, String, &'a Rule)]) -> Vec<RuleCheck<'a>> {
+fn checks_of<'a>(req: &Request, planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
     let default_hits = req.hits_addend.max(1);
-    planned
-        .iter()
-        .map(|(d, key, rule)| RuleCheck { key, rule, hits: req.descriptors[*d].hits_addend.unwrap_or(default_hits) })
-        .collect()
+    rules::checks_of(planned, |d| req.descriptors[d].hits_addend.unwrap_or(default_hits))
 }
 
 /// What a request's descriptors resolve against: the rules in use, the
@@ -328,38 +325,30 @@ struct Sources {
 }
 
 /// The `(descriptor index, counter key, rule)` of every limit that applies,
-/// grouped by descriptor in order: a request-carried limit, else a per-key
-/// entry of the exact descriptor (it takes precedence over the files; one
-/// naming a tier the rules lack is noted in `keys` and gets the files'
-/// rules), else the files' match with `replaces` applied across the request.
-fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<(usize, String, &'a Rule)> {
+/// grouped by descriptor in order ([`RuleSet::plan`]): a request-carried
+/// limit, else a per-key entry of the exact descriptor (it takes precedence
+/// over the files; one naming a tier the rules lack is noted in `keys` and
+/// gets the files' rules), else the files' match with `replaces` applied
+/// across the request.
+fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<Planned<'a>> {
     let Sources { rules, keyed, inline } = sources;
     let domain = req.domain.as_str();
-    let matched = rules.match_request(domain, req.descriptors.iter().map(|d| d.entries.as_slice()));
-    let mut out = Vec::with_capacity(req.descriptors.len());
-    for (d, desc) in req.descriptors.iter().enumerate() {
+    let own = |d: usize| {
+        let desc = &req.descriptors[d];
         if let Some(Some(rule)) = inline.get(d) {
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
-            out.push((d, carried_key(domain, &desc.entries, u64::from(l.0), l.1), rule));
-            continue;
+            return Some((carried_key(domain, &desc.entries, u64::from(l.0), l.1), std::slice::from_ref(rule)));
         }
-        if let Some(Some(l)) = keyed.get(d) {
-            if let Some(limits) = l.rules_in(rules, domain) {
-                let mut base = counter_key(domain, &desc.entries);
-                for (i, rule) in limits.iter().enumerate() {
-                    // The last limit's key is written onto the base itself.
-                    let b = if i + 1 == limits.len() { std::mem::take(&mut base) } else { base.clone() };
-                    out.push((d, l.suffixed(b, i), rule));
-                }
-                continue;
-            }
-            if let Some(k) = keys {
-                k.unknown_tier(domain, l);
-            }
+        let l = keyed.get(d)?.as_ref()?;
+        if let Some(limits) = l.rules_in(rules, domain) {
+            return Some((counter_key(domain, &desc.entries), limits));
         }
-        out.extend(matched.keyed(d).map(|(key, rule)| (d, key, rule)));
-    }
-    out
+        if let Some(k) = keys {
+            k.unknown_tier(domain, l);
+        }
+        None
+    };
+    rules.plan(domain, req.descriptors.iter().map(|d| d.entries.as_slice()), own)
 }
 
 /// The rules of request-carried limits, one per descriptor (empty when no

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
-use floodgate_core::rules::{Rule, RuleSet};
+use floodgate_core::rules::{self, Planned, Rule, RuleSet};
 use floodgate_core::{Decision, Limit, MemoryStore, Store, StoreError};
 use http::HeaderName;
 
@@ -145,23 +145,19 @@ impl<S: Store> RulesDecider<S> {
 impl<S: Store> RulesDecider<S> {
     /// The checks of a request: its descriptors' counter keys and rules.
     /// `Ok(None)`: nothing limits it.
-    fn plan<'r>(
-        &self,
-        rules: &'r RuleSet,
-        facts: &RequestFacts<'_>,
-    ) -> Result<Option<Vec<(String, &'r Rule)>>, DecideError> {
+    fn plan<'r>(&self, rules: &'r RuleSet, facts: &RequestFacts<'_>) -> Result<Option<Vec<Planned<'r>>>, DecideError> {
         if rules.domain(&self.domain).is_none() {
             return Ok(None);
         }
         let descs = descriptors::build(descriptors::templates(rules, &self.domain), facts)?;
-        let matched = rules.match_request(&self.domain, descs.iter().map(Vec::as_slice));
-        let planned: Vec<(String, &Rule)> = (0..descs.len()).flat_map(|d| matched.keyed(d)).collect();
+        let planned = rules.plan(&self.domain, descs.iter().map(Vec::as_slice), |_| None);
         Ok((!planned.is_empty()).then_some(planned))
     }
 }
 
-fn checks_of<'a>(planned: &'a [(String, &'a Rule)]) -> Vec<RuleCheck<'a>> {
-    planned.iter().map(|(key, rule)| RuleCheck { key, rule, hits: 1 }).collect()
+/// Every planned limit takes one hit.
+fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
+    rules::checks_of(planned, |_| 1)
 }
 
 impl<S: Store + 'static> Decide for RulesDecider<S> {
