@@ -12,8 +12,8 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use floodgate_core::MemoryStore;
-use floodgate_core::limiter::{Limiter, RuleCheck};
-use floodgate_core::rules::RuleSet;
+use floodgate_core::limiter::Limiter;
+use floodgate_core::rules::{RuleSet, checks_of};
 
 const RULES: &str = "
 domain: api
@@ -30,9 +30,10 @@ descriptors:
 /// Decide one request with `descriptors` (each a list of entries) in
 /// domain `api`: every rule it matches, all or nothing.
 async fn decide(rules: &RuleSet, limiter: &Limiter<MemoryStore>, descriptors: &[&[(&str, &str)]]) -> bool {
-    let matched = rules.match_request("api", descriptors.iter().copied());
-    let keyed: Vec<_> = (0..descriptors.len()).flat_map(|d| matched.keyed(d)).collect();
-    let checks: Vec<RuleCheck<'_>> = keyed.iter().map(|(key, rule)| RuleCheck { key, rule, hits: 1 }).collect();
+    // Every limit that applies, with its counter key (`|_| None`: no
+    // descriptor brings limits of its own), each taking one hit.
+    let planned = rules.plan("api", descriptors.iter().copied(), |_| None);
+    let checks = checks_of(&planned, |_| 1);
     let outcome = limiter.check(&checks).await;
     for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
         if let Some(d) = verdict.decision {

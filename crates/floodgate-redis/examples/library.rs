@@ -13,11 +13,11 @@
 //! default), each rule's `failure_mode` decides: `open` (the default)
 //! allows, `closed` denies, `local` counts in the second, in-memory store.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stdout)]
 
 use floodgate_core::MemoryStore;
-use floodgate_core::limiter::{Limiter, RuleCheck};
-use floodgate_core::rules::RuleSet;
+use floodgate_core::limiter::Limiter;
+use floodgate_core::rules::{RuleSet, checks_of};
 use floodgate_redis::{RedisConfig, RedisStore};
 
 const RULES: &str = "
@@ -30,24 +30,18 @@ descriptors:
 ";
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() {
-    if let Err(e) = run().await {
-        eprintln!("{e}");
-        std::process::exit(1);
-    }
-}
-
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), String> {
     let url = std::env::var("FLOODGATE_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let rules = RuleSet::from_yaml("rules.yaml", RULES)?;
+    let rules = RuleSet::from_yaml("rules.yaml", RULES).map_err(|e| e.to_string())?;
     // Connects lazily: the first decision opens the connection.
-    let store = RedisStore::new(RedisConfig::new(url.parse()?))?;
+    let target = url.parse().map_err(|e| format!("FLOODGATE_REDIS: {e}"))?;
+    let store = RedisStore::new(RedisConfig::new(target)).map_err(|e| e.to_string())?;
     let limiter = Limiter::new(store, MemoryStore::new());
-    let descriptor: &[(&str, &str)] = &[("user", "alice")];
+    // The same request each time: planned once (its counter keys and rules).
+    let alice: &[(&str, &str)] = &[("user", "alice")];
+    let planned = rules.plan("api", [alice].into_iter(), |_| None);
+    let checks = checks_of(&planned, |_| 1);
     for i in 1..=4 {
-        let matched = rules.match_request("api", [descriptor]);
-        let keyed: Vec<_> = matched.keyed(0).collect();
-        let checks: Vec<RuleCheck<'_>> = keyed.iter().map(|(key, rule)| RuleCheck { key, rule, hits: 1 }).collect();
         let outcome = limiter.check(&checks).await;
         let verdict = &outcome.verdicts[0];
         let failed = verdict.failure.as_ref().map(|(e, mode)| format!(" (Redis failed: {e}; {mode:?} decided)"));

@@ -217,13 +217,12 @@ mod tests {
     use crate::{RedisConfig, RedisStore};
 
     fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+        tokio::runtime::Runtime::new().unwrap()
     }
 
+    /// A store on `url` whose calls wait at most `timeout`.
     fn store(url: &str, timeout: Duration) -> RedisStore {
-        let mut c = RedisConfig::new(url.parse().unwrap());
-        c.timeout = timeout;
-        RedisStore::new(c).unwrap()
+        RedisStore::new(RedisConfig { timeout, ..RedisConfig::new(url.parse().unwrap()) }).unwrap()
     }
 
     /// `raw_here_each`: the commands of a pipeline answered in order, one
