@@ -17,7 +17,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::Decision;
+use crate::Headline;
 
 /// Which rate-limit headers to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,19 +83,6 @@ impl Field {
     }
 }
 
-/// The limit the headers describe, and its decision.
-#[derive(Debug, Clone, Copy)]
-pub struct Headline<'a> {
-    /// The rule's `name` (the IETF fields say `default` without one).
-    pub name: Option<&'a str>,
-    /// Requests per window (`X-RateLimit-Limit`, `q=`).
-    pub requests_per_unit: u64,
-    /// The window (`w=`).
-    pub window: Duration,
-    /// The decision (remaining and reset).
-    pub decision: &'a Decision,
-}
-
 /// Whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -107,7 +94,7 @@ pub fn ceil_secs(d: Duration) -> u64 {
 pub fn rate_limit_headers(
     allowed: bool,
     retry_after: Option<Duration>,
-    headline: Option<Headline<'_>>,
+    headline: Option<&Headline>,
     mode: HeaderMode,
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
@@ -123,7 +110,7 @@ pub fn rate_limit_headers(
 pub fn write_rate_limit_headers(
     allowed: bool,
     retry_after: Option<Duration>,
-    headline: Option<Headline<'_>>,
+    headline: Option<&Headline>,
     mode: HeaderMode,
     mut emit: impl FnMut(Field, Value<'_>),
 ) {
@@ -138,7 +125,7 @@ pub fn write_rate_limit_headers(
         emit(Field::XRateLimitReset, Value::Number(reset));
     }
     if matches!(mode, HeaderMode::Ietf | HeaderMode::Both) {
-        let name = h.name.unwrap_or("default");
+        let name = h.name.as_deref().unwrap_or("default");
         emit(
             Field::RateLimitPolicy,
             Value::Item { name, params: [('q', h.requests_per_unit), ('w', ceil_secs(h.window))] },
@@ -269,6 +256,7 @@ fn write_sf_string(s: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Decision;
 
     #[test]
     fn numbers_are_written_as_decimal_at_every_length() {
@@ -297,12 +285,12 @@ mod tests {
             delay: Duration::ZERO,
         };
         let headline = Headline {
-            name: Some("per \"user\""),
+            name: Some("per \"user\"".into()),
             requests_per_unit: 10,
             window: Duration::from_secs(60),
-            decision: &d,
+            decision: d,
         };
-        let h = rate_limit_headers(false, d.retry_after, Some(headline), HeaderMode::Both);
+        let h = rate_limit_headers(false, d.retry_after, Some(&headline), HeaderMode::Both);
         let get = |n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str());
         assert_eq!(get("retry-after"), Some("1"));
         assert_eq!(get("x-ratelimit-reset"), Some("2"));
@@ -311,13 +299,13 @@ mod tests {
         // No wait helps: no Retry-After.
         assert!(rate_limit_headers(false, None, None, HeaderMode::None).is_empty());
         // Non-ASCII becomes `_`, one per character.
-        let headline = Headline { name: Some("caf\u{e9} \\"), ..headline };
-        let h = rate_limit_headers(true, None, Some(headline), HeaderMode::Ietf);
+        let headline = Headline { name: Some("caf\u{e9} \\".into()), ..headline };
+        let h = rate_limit_headers(true, None, Some(&headline), HeaderMode::Ietf);
         assert_eq!(h[0], ("ratelimit-policy", "\"caf_ \\\\\";q=10;w=60".to_owned()));
         assert_eq!(Value::Number(u64::MAX).to_string(), "18446744073709551615");
         assert_eq!(Value::Number(0).to_string(), "0");
         // Allowed: no Retry-After even with a wait.
-        let h = rate_limit_headers(true, Some(Duration::from_secs(3)), Some(headline), HeaderMode::XRateLimit);
+        let h = rate_limit_headers(true, Some(Duration::from_secs(3)), Some(&headline), HeaderMode::XRateLimit);
         assert_eq!(h.len(), 3);
     }
 }

@@ -22,6 +22,7 @@
 //! ```
 
 mod algorithm;
+mod answer;
 mod clock;
 mod decision;
 mod duration;
@@ -34,6 +35,7 @@ pub mod rules;
 mod state;
 pub mod store;
 
+pub use answer::{Answer, Headline};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
 pub use duration::{DurationError, HumanDuration, parse_duration};

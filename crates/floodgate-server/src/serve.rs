@@ -25,7 +25,6 @@ use tokio::task::JoinSet;
 use crate::Backend;
 use crate::protocol::admin::{self, AdminState};
 use crate::protocol::grpc::Rls;
-use crate::protocol::headers::HeaderMode;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
@@ -37,6 +36,7 @@ use crate::runtime::state::{OverridesFile, open_keys};
 use crate::runtime::store::ServerStore;
 use crate::runtime::threads;
 use crate::service::Service;
+use floodgate_core::headers::HeaderMode;
 use floodgate_perkey::CacheOptions;
 
 /// Everything `serve` needs to know.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
-use floodgate_core::{Algorithm, Decision, Limit, Store};
+use floodgate_core::{Algorithm, Answer, Decision, Limit, Store};
 
 use crate::rules::reload::Rules;
 use crate::runtime::dashboard::KeyRef;
@@ -112,21 +112,15 @@ impl LimitInfo {
     }
 }
 
-/// The service's answer to one request.
+/// A decided request: its answer (the one every adapter gives, with the
+/// limit its rate-limit headers describe), and RLS's status per
+/// descriptor beside it (the HTTP API reports them too).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// Whether the request may go ahead.
-    pub allowed: bool,
+pub struct Decided {
+    /// The answer.
+    pub answer: Answer,
     /// One status per request descriptor, in order.
     pub statuses: Vec<DescriptorStatus>,
-    /// The limit the rate-limit headers describe, and its decision.
-    pub headline: Option<(LimitInfo, Decision)>,
-    /// For a denial: the wait after which the same request could pass
-    /// (`None` when no wait helps).
-    pub retry_after: Option<Duration>,
-    /// For an allowed request under a shaping limit: how long the proxy or
-    /// tower layer holds it (RLS has no such field and ignores it).
-    pub delay: Duration,
 }
 
 /// Rules, per-key entries, a store and metrics: everything a decision
@@ -173,7 +167,7 @@ impl<S: Store> Service<S> {
     }
 
     /// Decide one request, recording metrics for `protocol`.
-    pub async fn decide(&self, req: &Request, protocol: Protocol) -> Result<Answer, RequestError> {
+    pub async fn decide(&self, req: &Request, protocol: Protocol) -> Result<Decided, RequestError> {
         let started = Instant::now();
         let result = self.decide_inner(req).await;
         self.record(protocol, &result, started);
@@ -182,7 +176,7 @@ impl<S: Store> Service<S> {
 
     /// [`Service::decide`] without waiting, when the store answers at once
     /// (the in-memory store); `None` otherwise, having counted nothing.
-    pub fn decide_now(&self, req: &Request, protocol: Protocol) -> Option<Result<Answer, RequestError>> {
+    pub fn decide_now(&self, req: &Request, protocol: Protocol) -> Option<Result<Decided, RequestError>> {
         if !self.limiter.store().answers_now() {
             return None;
         }
@@ -193,8 +187,8 @@ impl<S: Store> Service<S> {
     }
 
     /// A decided request (or a refused one) in the metrics.
-    fn record(&self, protocol: Protocol, result: &Result<Answer, RequestError>, started: Instant) {
-        self.metrics.request(protocol, result.as_ref().ok().map(|a| a.allowed), started.elapsed());
+    fn record(&self, protocol: Protocol, result: &Result<Decided, RequestError>, started: Instant) {
+        self.metrics.request(protocol, result.as_ref().ok().map(|d| d.answer.allowed), started.elapsed());
     }
 
     /// The current counters of every limit applying to the request's
@@ -254,7 +248,7 @@ impl<S: Store> Service<S> {
         Sources { rules, keyed, inline }
     }
 
-    async fn decide_inner(&self, req: &Request) -> Result<Answer, RequestError> {
+    async fn decide_inner(&self, req: &Request) -> Result<Decided, RequestError> {
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
         let checks = checks_of(req, &planned);
@@ -262,7 +256,7 @@ impl<S: Store> Service<S> {
         Ok(self.answer(req, &planned, &checks, &outcome))
     }
 
-    fn decide_inner_now(&self, req: &Request) -> Option<Result<Answer, RequestError>> {
+    fn decide_inner_now(&self, req: &Request) -> Option<Result<Decided, RequestError>> {
         let sources = match self.sources_now(req)? {
             Ok(sources) => sources,
             Err(e) => return Some(Err(e)),
@@ -281,7 +275,7 @@ impl<S: Store> Service<S> {
         planned: &[(usize, String, &Rule)],
         checks: &[RuleCheck<'_>],
         outcome: &Outcome,
-    ) -> Answer {
+    ) -> Decided {
         for ((d, _, _), (check, verdict)) in planned.iter().zip(checks.iter().zip(&outcome.verdicts)) {
             let key = KeyRef { counter_key: check.key, entries: &req.descriptors[*d].entries };
             self.metrics.verdict(&req.domain, check.rule, verdict, key, check.hits);
@@ -298,14 +292,7 @@ impl<S: Store> Service<S> {
                 DescriptorStatus { over_limit: verdict.denies(), limit: info, decision }
             })
             .collect();
-        let headline = outcome.headline_index().and_then(|i| reported(&checks[i], &outcome.verdicts[i]));
-        Answer {
-            allowed: outcome.allowed,
-            statuses,
-            headline,
-            retry_after: outcome.retry_after(),
-            delay: outcome.delay(),
-        }
+        Decided { answer: Answer::of(checks, outcome.view()), statuses }
     }
 }
 

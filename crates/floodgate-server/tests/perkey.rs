@@ -259,8 +259,10 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
             service.decide_now(&req("alice"), Protocol::Proxy).expect("the memory store answers now").unwrap()
         } else {
             rt.block_on(service.decide(&req("alice"), Protocol::Proxy)).unwrap()
-        };
-        let (info, d) = a.headline.clone().unwrap();
+        }
+        .answer;
+        let headline = a.headline.clone().unwrap();
+        let (info, d) = (&headline, headline.decision);
         assert_eq!(info.name.as_deref(), Some("per_user"));
         seen.push((a.allowed, d.remaining));
         assert_eq!(a.retry_after.is_some(), !a.allowed);
@@ -268,8 +270,8 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
     assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)]);
     // An override applies on the synchronous path too.
     o.set(spec("bob", json!({"unit": "minute", "requests_per_unit": 1})), &no_rules()).unwrap();
-    let first = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
-    let second = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap();
+    let first = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap().answer;
+    let second = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap().answer;
     assert_eq!((first.allowed, second.allowed), (true, false));
     // Bad requests are refused the same way, and every decision is counted.
     let empty = Request { domain: "api".into(), descriptors: vec![], hits_addend: 1 };
@@ -318,7 +320,7 @@ fn tiers_apply_by_name_and_follow_the_rules_file() {
         descriptors: vec![Descriptor { entries: vec![("user".into(), "alice".into())], ..Descriptor::default() }],
         hits_addend: 1,
     };
-    assert!(service.decide_now(&req, Protocol::Proxy).unwrap().unwrap().allowed);
+    assert!(service.decide_now(&req, Protocol::Proxy).unwrap().unwrap().answer.allowed);
     let mut text = String::new();
     metrics.render(&mut text);
     assert!(text.contains("tier:free"), "{text}");

@@ -417,7 +417,7 @@ async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_o
     let before = counts();
     let user = |u: &str| Descriptor { entries: vec![("user".into(), u.into())], ..Descriptor::default() };
     let req = Request { domain: "api".into(), descriptors: vec![user("alice"), user("bob")], hits_addend: 1 };
-    assert!(service.decide(&req, Protocol::Grpc).await.unwrap().allowed);
+    assert!(service.decide(&req, Protocol::Grpc).await.unwrap().answer.allowed);
     assert_eq!(counts(), (before.0 + 1, before.1 + 1), "the service: alice one hit, bob one miss");
 
     // Through the proxy: bob cached now, carol not.

@@ -17,54 +17,7 @@ use http::HeaderName;
 
 use crate::descriptors::{self, DescriptorError, RequestFacts};
 
-/// The answer for one HTTP request.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Answer {
-    /// Whether the request may go ahead.
-    pub allowed: bool,
-    /// For a denial: the wait after which the same request could pass
-    /// (`None` when no wait helps).
-    pub retry_after: Option<Duration>,
-    /// For an allowed request under a shaping limit: how long to hold it.
-    pub delay: Duration,
-    /// The limit the rate-limit headers describe (`None`: no limit applied).
-    pub headline: Option<Headline>,
-}
-
-/// The limit the rate-limit headers describe, and its decision.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Headline {
-    /// The rule's `name` (shared with the rule: no copy per answer).
-    pub name: Option<Arc<str>>,
-    /// Requests per window.
-    pub requests_per_unit: u64,
-    /// The window.
-    pub window: Duration,
-    /// The decision.
-    pub decision: Decision,
-}
-
-impl Answer {
-    /// The answer of a limiter's `outcome` for `checks` (for one check and
-    /// its verdict: `std::slice::from_ref` of each).
-    pub fn of(checks: &[RuleCheck<'_>], outcome: OutcomeView<'_>) -> Self {
-        let headline = outcome.headline_index().and_then(|i| {
-            let limit = checks[i].rule.limit.as_ref()?;
-            Some(Headline {
-                name: checks[i].rule.name.clone(),
-                requests_per_unit: limit.limit(),
-                window: limit.window(),
-                decision: outcome.verdicts[i].decision?,
-            })
-        });
-        Answer { allowed: outcome.allowed, retry_after: outcome.retry_after(), delay: outcome.delay(), headline }
-    }
-
-    /// An allowed answer with no limit (nothing matched).
-    pub fn unlimited() -> Self {
-        Answer { allowed: true, ..Answer::default() }
-    }
-}
+pub use floodgate_core::{Answer, Headline};
 
 /// A decision could not be made; the layer answers with `status` and the
 /// message.

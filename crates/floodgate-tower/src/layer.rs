@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use floodgate_core::headers::{Field, HeaderMode, Headline, Value, write_rate_limit_headers};
+use floodgate_core::headers::{Field, HeaderMode, Value, write_rate_limit_headers};
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -589,12 +589,7 @@ impl AnswerHeaders {
     /// The same, and `text` written after the values into the same buffer
     /// (one allocation for a denial's headers and body).
     fn with_text(answer: &Answer, mode: HeaderMode, text: impl FnOnce(&mut Vec<u8>)) -> (Self, Bytes) {
-        let headline = answer.headline.as_ref().map(|h| Headline {
-            name: h.name.as_deref(),
-            requests_per_unit: h.requests_per_unit,
-            window: h.window,
-            decision: &h.decision,
-        });
+        let headline = answer.headline.as_ref();
         let mut buf = Vec::new();
         let mut fields = [(Field::RetryAfter, 0u16); 6];
         let mut len = 0;

@@ -16,9 +16,9 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate_core::Store;
 use floodgate_core::rules::Unit;
 
-use crate::protocol::headers::{HeaderMode, headers};
 use crate::runtime::metrics::Protocol;
-use crate::service::{Answer, Descriptor, LimitOverride, Request, Service};
+use crate::service::{Decided, Descriptor, LimitOverride, Request, Service};
+use floodgate_core::headers::HeaderMode;
 
 /// The RLS gRPC service over a [`Service`].
 #[derive(Debug)]
@@ -101,7 +101,7 @@ pub fn unit_to_proto(u: Option<Unit>) -> PbUnit {
 /// Translate an answer to an RLS response. Limits above `u32::MAX`
 /// saturate; a window that is not one of envoy's units is reported as
 /// `UNKNOWN` with the rule's name (or the window) as the limit's name.
-pub fn to_proto(a: &Answer, mode: HeaderMode) -> RateLimitResponse {
+pub fn to_proto(a: &Decided, mode: HeaderMode) -> RateLimitResponse {
     let sat = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
     let statuses = a
         .statuses
@@ -126,11 +126,13 @@ pub fn to_proto(a: &Answer, mode: HeaderMode) -> RateLimitResponse {
             status
         })
         .collect();
-    let code = if a.allowed { Code::Ok } else { Code::OverLimit };
+    let code = if a.answer.allowed { Code::Ok } else { Code::OverLimit };
     RateLimitResponse {
         overall_code: code as i32,
         statuses,
-        response_headers_to_add: headers(a, mode)
+        response_headers_to_add: a
+            .answer
+            .headers(mode)
             .into_iter()
             .map(|(k, v)| HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() })
             .collect(),

@@ -19,10 +19,10 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::Backend;
-use crate::protocol::headers::{HeaderMode, headers};
 use crate::protocol::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
 use crate::runtime::metrics::{Protocol, gauge};
 use crate::service::{Request, Service};
+use floodgate_core::headers::HeaderMode;
 
 /// Default largest request body: 64 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -137,7 +137,7 @@ async fn decide<S: Backend>(
     state: &HttpState<S>,
     req: &Request,
     protocol: Protocol,
-) -> Result<crate::service::Answer, ApiError> {
+) -> Result<crate::service::Decided, ApiError> {
     state.service.decide(req, protocol).await.map_err(|e| {
         let msg = e.to_string();
         let field = msg.split(':').next().unwrap_or("").to_owned();
@@ -166,7 +166,7 @@ async fn pb_json<S: Backend>(
     let raw = body(&headers_in, raw)?;
     let req = parsed(&state, Protocol::Json, parse_pb_request(&raw))?;
     let answer = decide(&state, &req, Protocol::Json).await?;
-    let status = if answer.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+    let status = if answer.answer.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
     Ok((status, axum::Json(pb_response(&answer, state.headers))).into_response())
 }
 
@@ -181,7 +181,7 @@ async fn check<S: Backend>(
     let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
     let answer = decide(&state, &req, Protocol::Check).await?;
     let resp = (StatusCode::OK, axum::Json(check_response(&answer, state.headers))).into_response();
-    Ok(with_headers(resp, headers(&answer, state.headers)))
+    Ok(with_headers(resp, answer.answer.headers(state.headers)))
 }
 
 /// envoyproxy/ratelimit's probe: 200 `OK` while serving.

@@ -17,8 +17,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 use crate::protocol::grpc::unit_from_proto;
-use crate::protocol::headers::{HeaderMode, headers};
-use crate::service::{Answer, Descriptor, LimitOverride, Request};
+use crate::service::{Decided, Descriptor, LimitOverride, Request};
+use floodgate_core::headers::HeaderMode;
 
 /// A body that is not a valid request: the field path and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub fn parse_pb_request(body: &[u8]) -> Result<Request, BadRequest> {
 
 /// The protobuf JSON mapping of the RLS response for `answer`, zero values
 /// left out as `protojson` does.
-pub fn pb_response(a: &Answer, mode: HeaderMode) -> Value {
+pub fn pb_response(a: &Decided, mode: HeaderMode) -> Value {
     let resp = crate::protocol::grpc::to_proto(a, mode);
     let code = |c: i32| {
         if c == 2 {
@@ -271,7 +271,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// The `/v1/check` answer.
-pub fn check_response(a: &Answer, mode: HeaderMode) -> Value {
+pub fn check_response(a: &Decided, mode: HeaderMode) -> Value {
     let descriptors: Vec<Value> = a
         .statuses
         .iter()
@@ -290,7 +290,9 @@ pub fn check_response(a: &Answer, mode: HeaderMode) -> Value {
             _ => json!({ "allowed": true, "limited": false }),
         })
         .collect();
-    let headers: Map<String, Value> = headers(a, mode).into_iter().map(|(k, v)| (k.to_owned(), v.into())).collect();
+    let headers: Map<String, Value> =
+        a.answer.headers(mode).into_iter().map(|(k, v)| (k.to_owned(), v.into())).collect();
+    let a = &a.answer;
     json!({
         "allowed": a.allowed,
         "retry_after_ms": a.retry_after.filter(|_| !a.allowed).map(ms),

@@ -5,6 +5,5 @@
 pub mod admin;
 pub mod dashboard;
 pub mod grpc;
-pub mod headers;
 pub mod http;
 pub mod json;

@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use floodgate_core::Store;
 use floodgate_tower::{
-    Answer, Decide, DecideError, Headline, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
+    Answer, Decide, DecideError, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
     descriptor_templates, ip_str,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -45,7 +45,7 @@ use crate::proxy::upstream::Pool;
 use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, ServerError, accept, serve_http};
 use crate::runtime::metrics::Protocol;
 use crate::runtime::threads;
-use crate::service::{Answer as RlsAnswer, Descriptor, Request as RlsRequest, RequestError, Service};
+use crate::service::{Decided, Descriptor, Request as RlsRequest, RequestError, Service};
 
 /// The proxy's settings.
 #[derive(Debug, Clone)]
@@ -183,22 +183,11 @@ impl<S: Store> ServiceDecider<S> {
     }
 }
 
-/// The layer's answer from the service's.
-fn layer_answer(a: Result<RlsAnswer, RequestError>) -> Result<Answer, DecideError> {
-    let a = a.map_err(|e| DecideError {
+/// The layer's answer: the service's (a refused request is a server error).
+fn layer_answer(a: Result<Decided, RequestError>) -> Result<Answer, DecideError> {
+    a.map(|d| d.answer).map_err(|e| DecideError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         message: format!("the descriptors built for this request are refused ({e}): check request_descriptors"),
-    })?;
-    Ok(Answer {
-        allowed: a.allowed,
-        retry_after: a.retry_after,
-        delay: a.delay,
-        headline: a.headline.map(|(info, decision)| Headline {
-            name: info.name,
-            requests_per_unit: info.requests_per_unit,
-            window: info.window,
-            decision,
-        }),
     })
 }
 
