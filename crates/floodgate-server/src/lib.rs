@@ -2,20 +2,28 @@
 //! role around it:
 //!
 //! * [`protocol`]: its adapters — Envoy RLS v3 gRPC, the HTTP API, the
-//!   admin API — and the rate-limit headers;
+//!   admin API;
 //! * [`proxy`]: the reverse proxy and its upstream pool;
 //! * [`rules`]: where limits come from — hot-reloaded rules files (or the
-//!   bundled ones compiled in) and runtime overrides;
-//! * [`runtime`]: what it runs on — the store chosen at start, metrics,
-//!   the instance's own files, per-thread runtimes;
+//!   bundled ones compiled in);
+//! * [`store`]: the store chosen at start (memory, Redis, either as a
+//!   region's) and the regions' settings and health;
+//! * [`dashboard`]: the live page, its data and its heavy-hitter sketch;
+//! * [`metrics`]: the Prometheus metrics;
+//! * [`listen`]: bounded listeners, per-thread runtimes, load shedding;
+//! * [`instance`]: the instance's own files (its state directory);
 //! * [`serve`]: settings, then binding everything, then graceful shutdown.
 
+pub mod dashboard;
+pub mod instance;
+pub mod listen;
+pub mod metrics;
 pub mod protocol;
 pub mod proxy;
 pub mod rules;
-pub mod runtime;
 pub mod serve;
 pub mod service;
+pub mod store;
 
 use floodgate_core::{MemoryStore, Store, SystemClock};
 pub use rules::BUNDLED_RULES;
@@ -50,22 +58,22 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
 
 impl Backend for MemoryStore<SystemClock> {
     fn render_metrics(&self, out: &mut String) {
-        runtime::metrics::gauge(out, "floodgate_store_keys", "gauge", "Keys held by the in-memory store.", self.len());
-        runtime::metrics::gauge(
+        metrics::gauge(out, "floodgate_store_keys", "gauge", "Keys held by the in-memory store.", self.len());
+        metrics::gauge(
             out,
             "floodgate_store_max_keys",
             "gauge",
             "The in-memory store's bound on keys.",
             self.max_keys(),
         );
-        runtime::metrics::gauge(
+        metrics::gauge(
             out,
             "floodgate_store_evictions_total",
             "counter",
             "Keys evicted because the in-memory store was full.",
             self.evictions(),
         );
-        runtime::metrics::gauge(
+        metrics::gauge(
             out,
             "floodgate_store_memory_bytes",
             "gauge",

@@ -23,19 +23,19 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::Backend;
+use crate::instance::{OverridesFile, open_keys};
+use crate::listen::overload::ShedLayer;
+use crate::listen::threads;
+use crate::listen::{ConnLimit, ConnOptions, Handed, Held, ServerError, accept, serve_router};
+use crate::metrics::Metrics;
 use crate::protocol::admin::{self, AdminState};
 use crate::protocol::grpc::Rls;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
-use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, Held, ServerError, accept, serve_router};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::overload::ShedLayer;
-use crate::runtime::regions::{RegionState, Regions, RegionsConfig, check_rules, global_rules};
-use crate::runtime::state::{OverridesFile, open_keys};
-use crate::runtime::store::ServerStore;
-use crate::runtime::threads;
 use crate::service::Service;
+use crate::store::ServerStore;
+use crate::store::regions::{RegionState, Regions, RegionsConfig, check_rules, global_rules};
 use floodgate_core::headers::HeaderMode;
 use floodgate_perkey::CacheOptions;
 
@@ -111,11 +111,11 @@ impl Default for Config {
             body_limit: http::DEFAULT_BODY_LIMIT,
             shutdown_grace: Duration::from_secs(10),
             grpc_threads: 0,
-            max_connections: crate::runtime::listen::DEFAULT_MAX_CONNECTIONS,
-            header_timeout: crate::runtime::listen::DEFAULT_HEADER_TIMEOUT,
-            max_streams: crate::runtime::listen::DEFAULT_MAX_STREAMS,
+            max_connections: crate::listen::DEFAULT_MAX_CONNECTIONS,
+            header_timeout: crate::listen::DEFAULT_HEADER_TIMEOUT,
+            max_streams: crate::listen::DEFAULT_MAX_STREAMS,
             dashboard: true,
-            max_in_flight: crate::runtime::overload::DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight: crate::listen::overload::DEFAULT_MAX_IN_FLIGHT,
             proxy: None,
             regions: None,
         }

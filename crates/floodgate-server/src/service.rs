@@ -9,9 +9,9 @@ use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restric
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
 use floodgate_core::{Algorithm, Answer, Decision, Limit, Store};
 
+use crate::dashboard::KeyRef;
+use crate::metrics::{Metrics, Protocol};
 use crate::rules::reload::Rules;
-use crate::runtime::dashboard::KeyRef;
-use crate::runtime::metrics::{Metrics, Protocol};
 use floodgate_perkey::{Limits, NeedsRead, PerKey};
 
 /// Most descriptors one request may carry (envoy sends a handful).

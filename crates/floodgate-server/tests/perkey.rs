@@ -112,15 +112,15 @@ fn memory_service(
 ) -> (
     floodgate_server::service::Service<floodgate_core::MemoryStore>,
     std::sync::Arc<PerKey>,
-    std::sync::Arc<floodgate_server::runtime::metrics::Metrics>,
+    std::sync::Arc<floodgate_server::metrics::Metrics>,
 ) {
     use std::sync::Arc;
 
     use floodgate_core::MemoryStore;
     use floodgate_core::limiter::Limiter;
     use floodgate_core::rules::LoadOptions;
+    use floodgate_server::metrics::Metrics;
     use floodgate_server::rules::reload::Rules;
-    use floodgate_server::runtime::metrics::Metrics;
     use floodgate_server::service::Service;
 
     std::fs::create_dir_all(dir.0.join("rules")).unwrap();
@@ -238,7 +238,7 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
 
 #[test]
 fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics() {
-    use floodgate_server::runtime::metrics::Protocol;
+    use floodgate_server::metrics::Protocol;
     use floodgate_server::service::{Descriptor, Request};
 
     let dir = TempDir::new("decide-now");
@@ -290,7 +290,7 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
 
 #[test]
 fn tiers_apply_by_name_and_follow_the_rules_file() {
-    use floodgate_server::runtime::metrics::Protocol;
+    use floodgate_server::metrics::Protocol;
     use floodgate_server::service::{Descriptor, Request};
 
     let dir = TempDir::new("tiers");

@@ -387,9 +387,9 @@ async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_o
     use floodgate_core::MemoryStore;
     use floodgate_core::limiter::Limiter;
     use floodgate_core::rules::LoadOptions;
+    use floodgate_server::metrics::{Metrics, Protocol};
     use floodgate_server::proxy::ServiceDecider;
     use floodgate_server::rules::reload::Rules;
-    use floodgate_server::runtime::metrics::{Metrics, Protocol};
     use floodgate_server::service::{Descriptor, Request, Service};
     use floodgate_tower::{Decide, RequestFacts};
 

@@ -75,7 +75,7 @@ impl Server {
             grpc_addr: Some(any),
             http_addr: Some(any),
             admin_addr: any,
-            overrides: floodgate_server::runtime::state::OverridesFile::At(dir.0.join("overrides.redb")),
+            overrides: floodgate_server::instance::OverridesFile::At(dir.0.join("overrides.redb")),
             body_limit: 4096,
             ..Config::default()
         };

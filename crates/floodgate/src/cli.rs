@@ -140,13 +140,13 @@ pub(crate) struct CommonArgs {
     /// Connections each listener (gRPC, HTTP API, admin API, proxy) holds
     /// open at most; beyond, new ones wait in the kernel's backlog until one
     /// closes.
-    #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = floodgate_server::listen::DEFAULT_MAX_CONNECTIONS)]
     pub(crate) max_connections: usize,
     /// gRPC requests in flight at most, counted from their arrival (shared
     /// out among the gRPC threads); one more is answered RESOURCE_EXHAUSTED
     /// at once, so an overloaded server answers what it accepts in bounded
     /// time.
-    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT", default_value_t = floodgate_server::runtime::overload::DEFAULT_MAX_IN_FLIGHT)]
+    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT", default_value_t = floodgate_server::listen::overload::DEFAULT_MAX_IN_FLIGHT)]
     pub(crate) max_in_flight: usize,
     /// The longest an HTTP/1 client may take to send a request's head (HTTP
     /// API, admin API, proxy); then its connection is closed.
@@ -155,7 +155,7 @@ pub(crate) struct CommonArgs {
     /// HTTP/2 requests a client may have open on one connection at once
     /// (every listener; gRPC included). A client at the bound waits to open
     /// more, so an overloaded server's queue stays short.
-    #[arg(long, env = "FLOODGATE_MAX_STREAMS", default_value_t = floodgate_server::runtime::listen::DEFAULT_MAX_STREAMS)]
+    #[arg(long, env = "FLOODGATE_MAX_STREAMS", default_value_t = floodgate_server::listen::DEFAULT_MAX_STREAMS)]
     pub(crate) max_streams: u32,
     /// Keep the dashboard's data (per-rule decisions per second, top keys)
     /// for `/dashboard` on the admin address: `on` or `off`.

@@ -9,11 +9,11 @@ use floodgate_core::parse_duration;
 use std::time::Duration;
 
 use floodgate_perkey::CacheOptions;
+use floodgate_server::instance::{self as state, OverridesFile};
 use floodgate_server::proxy::{ProxyConfig, Upstream};
 use floodgate_server::rules::reload::RulesSource;
-use floodgate_server::runtime::regions::RegionsConfig;
-use floodgate_server::runtime::state::{self, OverridesFile};
 use floodgate_server::serve::{Config, ServeError, prepare};
+use floodgate_server::store::regions::RegionsConfig;
 use floodgate_sync::Peer;
 use floodgate_tower::{ForwardedHeader, TrustedProxies};
 

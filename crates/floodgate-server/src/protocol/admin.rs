@@ -77,7 +77,7 @@ pub fn router<S: Backend>(state: Arc<AdminState<S>>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), auth::<S>))
         .layer(DefaultBodyLimit::max(1024 * 1024))
         .with_state(state.clone());
-    crate::protocol::dashboard::pages(state.token.is_some()).merge(protected)
+    crate::dashboard::page::pages(state.token.is_some()).merge(protected)
 }
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte
@@ -291,7 +291,7 @@ fn top_of(
 ) -> Result<usize, ApiError> {
     let axum::extract::Query(q) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "query", format!("{}; give top=N", e.body_text())))?;
-    let max = crate::runtime::topkeys::TOP_KEYS;
+    let max = crate::dashboard::topkeys::TOP_KEYS;
     match q.top.unwrap_or(10) {
         n @ 1.. if n <= max => Ok(n),
         _ => Err(ApiError::new(StatusCode::BAD_REQUEST, "top", format!("give 1 to {max}"))),
@@ -303,7 +303,7 @@ async fn dashboard<S: Backend>(
     query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let top = top_of(query)?;
-    Ok(axum::Json(crate::protocol::dashboard::snapshot(&state.service, top).await).into_response())
+    Ok(axum::Json(crate::dashboard::page::snapshot(&state.service, top).await).into_response())
 }
 
 async fn dashboard_stream<S: Backend>(
@@ -311,7 +311,7 @@ async fn dashboard_stream<S: Backend>(
     query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let top = top_of(query)?;
-    Ok(crate::protocol::dashboard::stream(state.service.clone(), top, state.draining.clone()))
+    Ok(crate::dashboard::page::stream(state.service.clone(), top, state.draining.clone()))
 }
 
 async fn set<S: Backend>(
@@ -333,7 +333,7 @@ async fn set<S: Backend>(
 /// limits.
 fn rule_check<S: Backend>(state: &AdminState<S>) -> impl Fn(&floodgate_core::rules::Rule) -> Option<String> {
     let regions = state.service.store().regions_count();
-    move |r| crate::runtime::regions::check_rule(r, regions)
+    move |r| crate::store::regions::check_rule(r, regions)
 }
 
 /// `POST /admin/v1/keys/import`'s body.

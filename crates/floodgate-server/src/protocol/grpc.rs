@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate_core::Store;
 use floodgate_core::rules::Unit;
 
-use crate::runtime::metrics::Protocol;
+use crate::metrics::Protocol;
 use crate::service::{Decided, Descriptor, LimitOverride, Request, Service};
 use floodgate_core::headers::HeaderMode;
 

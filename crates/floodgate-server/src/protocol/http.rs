@@ -19,8 +19,8 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::Backend;
+use crate::metrics::{Protocol, gauge};
 use crate::protocol::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
-use crate::runtime::metrics::{Protocol, gauge};
 use crate::service::{Request, Service};
 use floodgate_core::headers::HeaderMode;
 
@@ -255,7 +255,7 @@ async fn metrics<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response
         u8::from(rules.status().last_error.is_none()),
     );
     if let Some(k) = service.keys() {
-        crate::runtime::metrics::render_keys(&mut out, k);
+        crate::metrics::render_keys(&mut out, k);
     }
     service.store().render_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()

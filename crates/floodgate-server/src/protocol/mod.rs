@@ -3,7 +3,6 @@
 //! no policy of its own.
 
 pub mod admin;
-pub mod dashboard;
 pub mod grpc;
 pub mod http;
 pub mod json;

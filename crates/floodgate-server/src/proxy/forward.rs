@@ -41,10 +41,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_layer::Layer;
 
+use crate::listen::threads;
+use crate::listen::{ConnLimit, ConnOptions, Handed, ServerError, accept, serve_http};
+use crate::metrics::Protocol;
 use crate::proxy::upstream::Pool;
-use crate::runtime::listen::{ConnLimit, ConnOptions, Handed, ServerError, accept, serve_http};
-use crate::runtime::metrics::Protocol;
-use crate::runtime::threads;
 use crate::service::{Decided, Descriptor, Request as RlsRequest, RequestError, Service};
 
 /// The proxy's settings.

@@ -10,7 +10,7 @@
 //! The data ([`snapshot`]): the readiness report (rules, last reload and
 //! its errors, warnings, regions), the store's health and round trip, and
 //! per rule its decisions per second and top keys
-//! ([`crate::runtime::dashboard`]). `GET /admin/v1/dashboard` answers it
+//! ([`crate::dashboard`]). `GET /admin/v1/dashboard` answers it
 //! once; `/admin/v1/dashboard/stream` sends it as one JSON line a second
 //! for as long as the client reads, and stops with the client (or at
 //! shutdown). Nothing is rendered or sent while nobody watches.
@@ -29,9 +29,9 @@ use serde_json::{Value, json};
 use crate::Backend;
 use crate::service::Service;
 
-const PAGE: &str = include_str!("../../assets/dashboard.html");
-const SCRIPT: &str = include_str!("../../assets/dashboard.js");
-const STYLE: &str = include_str!("../../assets/dashboard.css");
+const PAGE: &str = include_str!("assets/dashboard.html");
+const SCRIPT: &str = include_str!("assets/dashboard.js");
+const STYLE: &str = include_str!("assets/dashboard.css");
 
 /// The page may load its own script and style and call its own origin;
 /// nothing else.

@@ -17,13 +17,16 @@
 //! Keys are never metric labels: they appear only here, on the admin
 //! address. With `--dashboard off` nothing of this is kept.
 
+pub mod page;
+pub mod topkeys;
+
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 
 use serde_json::{Value, json};
 
-use crate::runtime::topkeys::TopKeys;
+use crate::dashboard::topkeys::TopKeys;
 
 /// Seconds of per-second history kept per rule.
 pub const HISTORY_SECONDS: usize = 300;
@@ -90,8 +93,8 @@ impl Dashboard {
             "refused": self.refused.load(Relaxed),
             "max_bytes": budget_bytes(),
             "history_seconds": HISTORY_SECONDS,
-            "top_keys_per_table": crate::runtime::topkeys::TOP_KEYS,
-            "key_bytes": crate::runtime::topkeys::KEY_BYTES,
+            "top_keys_per_table": crate::dashboard::topkeys::TOP_KEYS,
+            "key_bytes": crate::dashboard::topkeys::KEY_BYTES,
         })
     }
 }
@@ -124,7 +127,7 @@ impl KeyRef<'_> {
             out.push_str(k);
             out.push('=');
             out.push_str(v);
-            if out.len() > crate::runtime::topkeys::KEY_BYTES {
+            if out.len() > crate::dashboard::topkeys::KEY_BYTES {
                 break;
             }
         }

@@ -7,6 +7,9 @@
 //! `--max-streams` requests open on one connection, and its resets are
 //! bounded by h2's own limits (hyper's defaults).
 
+pub mod overload;
+pub(crate) mod threads;
+
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -16,7 +16,7 @@ use floodgate_redis::{RedisConfig, RedisRegion};
 use floodgate_sync::{Peer, SyncStats};
 use serde_json::{Value, json};
 
-use crate::runtime::metrics::gauge;
+use crate::metrics::gauge;
 
 /// How this instance takes part in many regions.
 #[derive(Debug, Clone)]

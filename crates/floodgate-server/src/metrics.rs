@@ -13,7 +13,7 @@ use floodgate_core::limiter::Verdict;
 use floodgate_core::rules::{FailureMode, Rule};
 use serde_json::{Value, json};
 
-use crate::runtime::dashboard::{Dashboard, KeyRef, RuleWatch, SERIES};
+use crate::dashboard::{Dashboard, KeyRef, RuleWatch, SERIES};
 
 /// The adapter a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub struct Metrics {
     rules: RwLock<ByRule>,
     /// Store errors by kind: full, unavailable.
     store_errors: [AtomicU64; 2],
-    /// gRPC requests shed (too many in flight; `runtime::overload`).
+    /// gRPC requests shed (too many in flight; `listen::overload`).
     shed: AtomicU64,
     dashboard: Dashboard,
 }

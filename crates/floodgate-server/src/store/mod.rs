@@ -3,14 +3,16 @@
 //! Redis (one server or a cluster). One enum, so the server is compiled
 //! once and each decision costs one branch to dispatch.
 
+pub mod regions;
+
 use std::sync::Arc;
 
 use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::{RedisRegion, RedisStore};
 
 use crate::Backend;
-use crate::runtime::metrics::gauge;
-use crate::runtime::regions::Regions;
+use crate::metrics::gauge;
+use crate::store::regions::Regions;
 use floodgate_core::region::{GlobalTable, Scope};
 
 /// The in-memory store, a memory-store region, or the Redis store.

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::watch;
 
-use super::listen::{ConnLimit, Handed, ServerError, accept};
+use super::{ConnLimit, Handed, ServerError, accept};
 
 /// Serve `listener` on `n` threads named `{name}-{i}`, each a
 /// current-thread runtime running `serve(its connections)` (called on that

@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::runtime::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Requests in flight on a gRPC listener at most, by default (shared out
 /// among its runtimes): with decisions taking ~10 µs of CPU each, a full
