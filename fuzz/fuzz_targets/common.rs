@@ -7,8 +7,8 @@ use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::LoadOptions;
 use floodgate_core::{MemoryStore, SystemClock};
 use floodgate_perkey::PerKey;
-use floodgate_server::rules::reload::{Rules, RulesSource};
 use floodgate_server::metrics::Metrics;
+use floodgate_server::rules::reload::{Rules, RulesSource};
 use floodgate_server::service::Service;
 
 /// The service the targets decide with.
