@@ -2,7 +2,7 @@
 //! and a version counter in one hash slot, so a change is one atomic call
 //! and the other instances notice it by polling the version (one `GET`).
 //! Runtime overrides were shared this way before per-key entries were
-//! sharded (`floodgate-server`'s `rules::perkey`); the server now only reads
+//! sharded (the `floodgate-perkey` crate); the server now only reads
 //! such a map once, to move its entries into the shards.
 
 use floodgate_core::StoreError;

@@ -175,7 +175,11 @@ impl<S: Store> Service<S> {
     }
 
     /// [`Service::decide`] without waiting, when the store answers at once
-    /// (the in-memory store); `None` otherwise, having counted nothing.
+    /// (the in-memory store); `None` otherwise. `None` after per-key
+    /// lookups (a later descriptor's entry must be read from Redis, which
+    /// only a store that does not answer at once shares in `serve`) leaves
+    /// the earlier ones counted in the per-key hits; `decide` counts them
+    /// again (the `_now` twins' last double count: issue 44, item 3).
     pub fn decide_now(&self, req: &Request, protocol: Protocol) -> Option<Result<Decided, RequestError>> {
         if !self.limiter.store().answers_now() {
             return None;

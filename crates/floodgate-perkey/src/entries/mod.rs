@@ -88,12 +88,7 @@ impl Limits {
     /// limits did not change keeps them. The key is no longer than the
     /// files' own: the in-memory store keeps keys of up to 22 bytes inline.
     pub fn counter_key(&self, base: &str, i: usize) -> String {
-        self.suffixed(base.to_owned(), i)
-    }
-
-    /// [`Limits::counter_key`], written onto `base`.
-    pub fn suffixed(&self, base: String, i: usize) -> String {
-        floodgate_core::rules::limit_key(base, i)
+        floodgate_core::rules::limit_key(base.to_owned(), i)
     }
 }
 

@@ -8,7 +8,7 @@
 //! ([`limits_of`]). Databases written by the first per-key build hold JSON
 //! (`{"tier": …, "updated_at": …}`, starting `{`): read as well, rewritten
 //! as binary by their next write. The Redis write script reads the first
-//! byte and the tier the same way (`sharded.rs`).
+//! byte and the tier the same way (`scripts/write.lua`).
 
 use floodgate_core::rules::parse_limits;
 use serde::{Deserialize, Serialize};

@@ -48,10 +48,7 @@ fn typed<T: FromRedisValue>(what: &str, v: Result<redis::Value, StoreError>) -> 
 
 impl RedisStore {
     async fn on(&self, cmd: &redis::Cmd, via: Via) -> Result<redis::Value, StoreError> {
-        match via {
-            Via::Decisions => self.raw_here(cmd).await,
-            Via::Admin(timeout) => self.bulk(cmd, timeout).await,
-        }
+        self.one_via(cmd, None, via).await
     }
 
     /// `HMGET` of several hashes at once, one answer per `(hash, fields)`
@@ -163,6 +160,6 @@ impl RedisStore {
         };
         let by_sha = call("EVALSHA", &script.sha);
         let eval = || call("EVAL", script.source);
-        typed("the script", self.script_on(&by_sha, &eval, via).await)
+        typed("the script", self.one_via(&by_sha, Some(&eval), via).await)
     }
 }

@@ -1,7 +1,8 @@
 //! [`RedisStore`]: the [`Store`] over one Redis server or a Redis Cluster. Here
 //! its settings, connections, circuit breaker and the `Store` impl;
 //! deciding and the per-thread batch queues in `batch`; plain commands and
-//! the listing of keys in `raw`.
+//! the listing of keys in `raw`; the typed commands other crates use for
+//! what they keep in Redis in `commands`.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use floodgate_core::StoreError;
 
-use super::{CallError, Client, ConnSlot, MAX_LANES, RedisStore, join_all};
+use super::{CallError, Client, ConnSlot, MAX_LANES, RedisStore, Via, join_all};
 use crate::conn::Packed;
 use crate::target::Target;
 
@@ -26,11 +26,7 @@ impl RedisStore {
     /// cross-thread wake-ups; a per-key miss's read). Beyond 16 threads,
     /// the shared connection.
     pub(crate) async fn raw_here(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
-        let slot = self.here();
-        let slot = slot.as_deref().unwrap_or(&self.inner.conn);
-        self.call(Packed::One(cmd), None, true, None, slot, None)
-            .await
-            .map_err(|e| e.store_error(self.inner.config.timeout))
+        self.one_via(cmd, None, Via::Decisions).await
     }
 
     /// Each command of `pipe`, answered in order, on this thread's own
@@ -61,25 +57,27 @@ impl RedisStore {
         }
     }
 
-    /// A script command (`EVALSHA`, then `eval()` on `NOSCRIPT`) on the
-    /// connection `via` names.
-    pub(super) async fn script_on(
+    /// One command through the breaker on the connection `via` names, with
+    /// its timeout: this thread's own and the decisions' timeout, or the
+    /// administrative one and its own. With `eval`, a script command
+    /// (`EVALSHA`, then `eval()` on `NOSCRIPT`).
+    pub(super) async fn one_via(
         &self,
         cmd: &redis::Cmd,
-        eval: &(dyn Fn() -> redis::Cmd + Sync),
-        via: super::commands::Via,
+        eval: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
+        via: Via,
     ) -> Result<redis::Value, StoreError> {
         match via {
-            super::commands::Via::Decisions => {
+            Via::Decisions => {
                 let slot = self.here();
                 let slot = slot.as_deref().unwrap_or(&self.inner.conn);
-                self.call(Packed::One(cmd), Some(eval), true, None, slot, None)
+                self.call(Packed::One(cmd), eval, true, None, slot, None)
                     .await
                     .map_err(|e| e.store_error(self.inner.config.timeout))
             }
-            super::commands::Via::Admin(timeout) => {
+            Via::Admin(timeout) => {
                 let deadline = tokio::time::Instant::now() + timeout;
-                self.call(Packed::One(cmd), Some(eval), true, Some(deadline), &self.inner.bulk, None)
+                self.call(Packed::One(cmd), eval, true, Some(deadline), &self.inner.bulk, None)
                     .await
                     .map_err(|e| e.store_error(timeout))
             }
@@ -106,10 +104,7 @@ impl RedisStore {
     /// breaker, bounded by `timeout` instead of the decisions' timeout, on a
     /// connection of its own.
     pub(crate) async fn bulk(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<redis::Value, StoreError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        self.call(Packed::One(cmd), None, true, Some(deadline), &self.inner.bulk, None)
-            .await
-            .map_err(|e| e.store_error(timeout))
+        self.one_via(cmd, None, Via::Admin(timeout)).await
     }
 
     /// Every key matching `pattern` (`SCAN … MATCH`, 1 000 a call), each

@@ -165,9 +165,9 @@ async fn pb_json<S: Backend>(
 ) -> Result<Response, ApiError> {
     let raw = body(&headers_in, raw)?;
     let req = parsed(&state, Protocol::Json, parse_pb_request(&raw))?;
-    let answer = decide(&state, &req, Protocol::Json).await?;
-    let status = if answer.answer.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-    Ok((status, axum::Json(pb_response(&answer, state.headers))).into_response())
+    let decided = decide(&state, &req, Protocol::Json).await?;
+    let status = if decided.answer.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+    Ok((status, axum::Json(pb_response(&decided, state.headers))).into_response())
 }
 
 /// `POST /v1/check`: always 200 with the decision in the body (and the
@@ -179,9 +179,9 @@ async fn check<S: Backend>(
 ) -> Result<Response, ApiError> {
     let raw = body(&headers_in, raw)?;
     let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
-    let answer = decide(&state, &req, Protocol::Check).await?;
-    let resp = (StatusCode::OK, axum::Json(check_response(&answer, state.headers))).into_response();
-    Ok(with_headers(resp, answer.answer.headers(state.headers)))
+    let decided = decide(&state, &req, Protocol::Check).await?;
+    let resp = (StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response();
+    Ok(with_headers(resp, decided.answer.headers(state.headers)))
 }
 
 /// envoyproxy/ratelimit's probe: 200 `OK` while serving.

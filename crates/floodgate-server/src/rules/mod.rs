@@ -1,6 +1,6 @@
 //! Where limits come from: the hot-reloaded rules files (or the bundled
-//! ones compiled in), and per-key limits for exact descriptors (millions of
-//! them, on disk, each naming a tier of the rules or giving its own).
+//! ones compiled in). Per-key limits for exact descriptors are the
+//! `floodgate-perkey` crate's.
 
 mod bundled;
 pub mod reload;
