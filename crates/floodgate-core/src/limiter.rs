@@ -211,17 +211,6 @@ impl<S: Store> Limiter<S> {
         self.outcome(checks, results)
     }
 
-    /// [`Limiter::check`] without waiting, when the store can answer at once
-    /// ([`Store::apply_all_now`]); `None` (nothing done) otherwise.
-    pub fn check_now(&self, checks: &[RuleCheck<'_>]) -> Option<Outcome> {
-        let store_checks = store_checks(checks);
-        let mut results = Vec::with_capacity(store_checks.len());
-        if !store_checks.is_empty() && !self.store.apply_all_now(&store_checks, &mut results) {
-            return None;
-        }
-        Some(self.outcome(checks, results))
-    }
-
     /// The outcome of `checks` from the store's `results` for those with a
     /// limit, in order.
     fn outcome(&self, checks: &[RuleCheck<'_>], results: Vec<Result<Decision, StoreError>>) -> Outcome {
@@ -238,7 +227,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The verdict of a check with a limit from the store's result (from a
-    /// call of your own, e.g. [`Store::apply_bytes_now`]): a store failure
+    /// call of your own, e.g. [`Store::apply_bytes`]): a store failure
     /// goes to the rule's failure policy.
     pub fn verdict(&self, c: &RuleCheck<'_>, result: Result<Decision, StoreError>) -> Verdict {
         let shadow = c.rule.shadow_mode;

@@ -138,7 +138,8 @@ pub const MAX_CACHE_ENTRIES: usize = 1 << 30;
 /// answer in the general cache.
 pub const BYTES_PER_COMPACT_ANSWER: usize = compact::BYTES_PER_BUCKET.div_ceil(compact::WAYS);
 
-/// A lookup [`PerKey::lookup_now`] cannot answer without a Redis read.
+/// A lookup the caches cannot answer ([`PerKey::cached_answer`]): it needs a
+/// Redis read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the entry is not cached: it needs a Redis read")]
 pub struct NeedsRead;

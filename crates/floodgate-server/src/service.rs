@@ -12,7 +12,7 @@ use floodgate_core::{Algorithm, Answer, Decision, Limit, Store};
 use crate::dashboard::KeyRef;
 use crate::metrics::{Metrics, Protocol};
 use crate::rules::reload::Rules;
-use floodgate_perkey::{Limits, NeedsRead, PerKey};
+use floodgate_perkey::{Limits, PerKey};
 
 /// Most descriptors one request may carry (envoy sends a handful).
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -166,7 +166,8 @@ impl<S: Store> Service<S> {
         &self.metrics
     }
 
-    /// Decide one request, recording metrics for `protocol`.
+    /// Decide one request, recording metrics for `protocol`. Ready at its
+    /// first poll when [`Service::answers_at_once`].
     pub async fn decide(&self, req: &Request, protocol: Protocol) -> Result<Decided, RequestError> {
         let started = Instant::now();
         let result = self.decide_inner(req).await;
@@ -174,20 +175,10 @@ impl<S: Store> Service<S> {
         result
     }
 
-    /// [`Service::decide`] without waiting, when the store answers at once
-    /// (the in-memory store); `None` otherwise. `None` after per-key
-    /// lookups (a later descriptor's entry must be read from Redis, which
-    /// only a store that does not answer at once shares in `serve`) leaves
-    /// the earlier ones counted in the per-key hits; `decide` counts them
-    /// again (the `_now` twins' last double count: issue 44, item 3).
-    pub fn decide_now(&self, req: &Request, protocol: Protocol) -> Option<Result<Decided, RequestError>> {
-        if !self.limiter.store().answers_now() {
-            return None;
-        }
-        let started = Instant::now();
-        let result = self.decide_inner_now(req)?;
-        self.record(protocol, &result, started);
-        Some(result)
+    /// Whether every [`Service::decide`] is ready at its first poll: the
+    /// store answers at once and per-key entries are not read from Redis.
+    pub fn answers_at_once(&self) -> bool {
+        self.limiter.store().answers_at_once() && self.keys.as_deref().is_none_or(PerKey::answers_at_once)
     }
 
     /// A decided request (or a refused one) in the metrics.
@@ -213,36 +204,17 @@ impl<S: Store> Service<S> {
     /// Validate `req` and gather what its descriptors resolve against,
     /// waiting for per-key entries that must be read from Redis. Each
     /// descriptor is looked up once (and counted once in the per-key hits
-    /// and misses): at once when its answer is cached, else by a read.
+    /// and misses).
     async fn sources(&self, req: &Request) -> Result<Sources, RequestError> {
         validate(req)?;
         let mut keyed = Vec::new();
         if let Some(k) = self.keys.as_deref().filter(|k| !k.is_empty()) {
             keyed.reserve(req.descriptors.len());
             for d in &req.descriptors {
-                let limits = match k.lookup_now(&req.domain, &d.entries) {
-                    Ok(limits) => limits,
-                    Err(NeedsRead) => k.lookup(&req.domain, &d.entries).await,
-                };
-                keyed.push(limits);
+                keyed.push(k.lookup(&req.domain, &d.entries).await);
             }
         }
         Ok(self.sources_of(req, keyed))
-    }
-
-    /// [`Service::sources`] without waiting: `None` when a per-key entry
-    /// must be read from Redis.
-    fn sources_now(&self, req: &Request) -> Option<Result<Sources, RequestError>> {
-        if let Err(e) = validate(req) {
-            return Some(Err(e));
-        }
-        let keyed = match self.keys.as_deref() {
-            Some(k) if !k.is_empty() => {
-                req.descriptors.iter().map(|d| k.lookup_now(&req.domain, &d.entries)).collect::<Result<_, _>>().ok()?
-            }
-            _ => Vec::new(),
-        };
-        Some(Ok(self.sources_of(req, keyed)))
     }
 
     /// The sources of a valid `req` with its per-key entries `keyed`.
@@ -258,17 +230,6 @@ impl<S: Store> Service<S> {
         let checks = checks_of(req, &planned);
         let outcome = self.limiter.check(&checks).await;
         Ok(self.answer(req, &planned, &checks, &outcome))
-    }
-
-    fn decide_inner_now(&self, req: &Request) -> Option<Result<Decided, RequestError>> {
-        let sources = match self.sources_now(req)? {
-            Ok(sources) => sources,
-            Err(e) => return Some(Err(e)),
-        };
-        let planned = plan(req, &sources, self.keys.as_deref());
-        let checks = checks_of(req, &planned);
-        let outcome = self.limiter.check_now(&checks)?;
-        Some(Ok(self.answer(req, &planned, &checks, &outcome)))
     }
 
     /// The answer to `req` from the outcome of its planned checks (their

@@ -237,9 +237,10 @@ fn a_crash_mid_write_loses_nothing_acknowledged() {
 }
 
 #[test]
-fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics() {
+fn a_decision_at_once_answers_as_an_awaited_one_on_the_same_counters_overrides_and_metrics() {
     use floodgate_server::metrics::Protocol;
     use floodgate_server::service::{Descriptor, Request};
+    use floodgate_testing::at_once;
 
     let dir = TempDir::new("decide-now");
     let (service, o, metrics) = memory_service(
@@ -256,7 +257,7 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
     let mut seen = Vec::new();
     for i in 0..5 {
         let a = if i % 2 == 0 {
-            service.decide_now(&req("alice"), Protocol::Proxy).expect("the memory store answers now").unwrap()
+            at_once(service.decide(&req("alice"), Protocol::Proxy)).unwrap()
         } else {
             rt.block_on(service.decide(&req("alice"), Protocol::Proxy)).unwrap()
         }
@@ -270,12 +271,12 @@ fn decide_now_answers_as_decide_does_on_the_same_counters_overrides_and_metrics(
     assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)]);
     // An override applies on the synchronous path too.
     o.set(spec("bob", json!({"unit": "minute", "requests_per_unit": 1})), &no_rules()).unwrap();
-    let first = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap().answer;
-    let second = service.decide_now(&req("bob"), Protocol::Proxy).unwrap().unwrap().answer;
+    let first = at_once(service.decide(&req("bob"), Protocol::Proxy)).unwrap().answer;
+    let second = at_once(service.decide(&req("bob"), Protocol::Proxy)).unwrap().answer;
     assert_eq!((first.allowed, second.allowed), (true, false));
     // Bad requests are refused the same way, and every decision is counted.
     let empty = Request { domain: "api".into(), descriptors: vec![], hits_addend: 1 };
-    let sync_err = service.decide_now(&empty, Protocol::Proxy).unwrap().unwrap_err().to_string();
+    let sync_err = at_once(service.decide(&empty, Protocol::Proxy)).unwrap_err().to_string();
     let async_err = rt.block_on(service.decide(&empty, Protocol::Proxy)).unwrap_err().to_string();
     assert_eq!(sync_err, async_err);
     let mut text = String::new();
@@ -320,7 +321,7 @@ fn tiers_apply_by_name_and_follow_the_rules_file() {
         descriptors: vec![Descriptor { entries: vec![("user".into(), "alice".into())], ..Descriptor::default() }],
         hits_addend: 1,
     };
-    assert!(service.decide_now(&req, Protocol::Proxy).unwrap().unwrap().answer.allowed);
+    assert!(floodgate_testing::at_once(service.decide(&req, Protocol::Proxy)).unwrap().answer.allowed);
     let mut text = String::new();
     metrics.render(&mut text);
     assert!(text.contains("tier:free"), "{text}");

@@ -273,7 +273,7 @@ async fn an_answer_in_use_is_read_again_before_it_expires_and_an_unused_one_expi
     let started = Instant::now();
     let mut seen_pro = None;
     while started.elapsed() < Duration::from_secs(5) {
-        match a.lookup_now("api", &[("user", "alice")]) {
+        match a.cached_answer("api", &[("user", "alice")]) {
             Ok(l) => {
                 if seen_pro.is_none() && tier(l).as_deref() == Some("pro") {
                     seen_pro = Some(started.elapsed());
@@ -294,7 +294,7 @@ async fn an_answer_in_use_is_read_again_before_it_expires_and_an_unused_one_expi
         "{refreshed} refreshes in 5 s: about one every 0.6 to 1 s, not one a lookup"
     );
     // Bob was not used: his answer expired, and a lookup reads him again.
-    assert!(a.lookup_now("api", &[("user", "bob")]).is_err(), "an unused answer expires");
+    assert!(a.cached_answer("api", &[("user", "bob")]).is_err(), "an unused answer expires");
     assert_eq!(lookup(&a, "bob").await.as_deref(), Some("pro"));
     assert_eq!(a.stats().misses.get(), misses + 1);
 }

@@ -43,3 +43,17 @@ impl Drop for TempDir {
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+/// The output of `fut`, which must be ready at its first poll (a decision
+/// over stores that answer at once: the in-memory store).
+///
+/// # Panics
+/// When `fut` is pending.
+#[track_caller]
+pub fn at_once<F: std::future::Future>(fut: F) -> F::Output {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("pending: expected an answer at once"),
+    }
+}

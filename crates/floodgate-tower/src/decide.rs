@@ -44,13 +44,14 @@ pub trait Decide: Send + Sync + 'static {
     /// business and do not surface here.
     fn decide(&self, facts: &RequestFacts<'_>) -> impl Future<Output = Result<Answer, DecideError>> + Send;
 
-    /// Decide without waiting, when this decider can (its store answers at
-    /// once: the in-memory store). The layer asks this first and, on `None`,
-    /// `decide`; so `None` must mean nothing was counted. The default is
-    /// `None`.
-    fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
-        let _ = facts;
-        None
+    /// Whether every [`Decide::decide`] future is ready at its first poll
+    /// (its stores answer at once: the in-memory store). The layer then
+    /// polls it once in its `call`, with no allocation, and boxes it
+    /// otherwise. A decider that says so and pends anyway is decided again
+    /// in a box (what the first try counted is counted twice). The default
+    /// is `false`.
+    fn answers_at_once(&self) -> bool {
+        false
     }
 }
 
@@ -115,28 +116,17 @@ fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
 
 impl<S: Store + 'static> Decide for RulesDecider<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
-        let rules = self.rules.load_full();
+        // A guard, not a reference count (shared by every core); held
+        // across a store's wait, it falls back to one by itself.
+        let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Answer::unlimited()) };
         let checks = checks_of(&planned);
         let outcome = self.limiter.check(&checks).await;
         Ok(Answer::of(&checks, outcome.view()))
     }
 
-    fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
-        // A store that must be awaited would decline after the request was
-        // planned, and `decide` would plan it again.
-        if !self.limiter.store().answers_now() {
-            return None;
-        }
-        let rules = self.rules.load();
-        let planned = match self.plan(&rules, facts) {
-            Ok(Some(p)) => p,
-            Ok(None) => return Some(Ok(Answer::unlimited())),
-            Err(e) => return Some(Err(e)),
-        };
-        let checks = checks_of(&planned);
-        let outcome = self.limiter.check_now(&checks)?;
-        Some(Ok(Answer::of(&checks, outcome.view())))
+    fn answers_at_once(&self) -> bool {
+        self.limiter.store().answers_at_once()
     }
 }
 
@@ -173,15 +163,15 @@ impl Key {
     /// The key of a request as bytes, an IP address written into `buf` by
     /// `write_ip` (no allocation): [`ip_text`] for stores keyed by text
     /// (Redis keys stay readable; the bytes go through [`key_text`]),
-    /// [`ip_bytes`] for a store keyed by bytes (the in-memory store,
-    /// [`Store::apply_bytes_now`]). A header's value and a custom key are
+    /// [`ip_bytes`] for a store keyed by bytes ([`Store::keys_by_bytes`]: the
+    /// in-memory store). A header's value and a custom key are
     /// the same bytes for every store.
     #[inline]
-    fn of<'a, const N: usize>(
+    fn of<'a>(
         &self,
         facts: &'a RequestFacts<'_>,
-        buf: &'a mut [u8; N],
-        write_ip: fn(std::net::IpAddr, &mut [u8; N]) -> &[u8],
+        buf: &'a mut [u8; 48],
+        write_ip: fn(std::net::IpAddr, &mut [u8; 48]) -> &[u8],
     ) -> Result<Option<Cow<'a, [u8]>>, DescriptorError> {
         Ok(match self {
             Key::ClientIp => Some(Cow::Borrowed(write_ip(facts.client_ip.ok_or(DescriptorError::NoPeerAddress)?, buf))),
@@ -194,15 +184,15 @@ impl Key {
 /// `ip` as its 4 (IPv4) or 16 (IPv6) bytes in `buf`: the in-memory store's
 /// key for an address (its text took a tenth of an allowed request). The two
 /// lengths keep the families apart.
-fn ip_bytes(ip: std::net::IpAddr, buf: &mut [u8; 16]) -> &[u8] {
+fn ip_bytes(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &[u8] {
     match ip {
         std::net::IpAddr::V4(v4) => {
             buf[..4].copy_from_slice(&v4.octets());
             &buf[..4]
         }
         std::net::IpAddr::V6(v6) => {
-            *buf = v6.octets();
-            &buf[..]
+            buf[..16].copy_from_slice(&v6.octets());
+            &buf[..16]
         }
     }
 }
@@ -329,12 +319,19 @@ impl<S: Store> KeyedLimit<S> {
         }
     }
 
-    /// The answer of a store failure for `key`: the limiter's failure policy
-    /// (open).
+    /// The answer of a store failure: the limiter's failure policy (open),
+    /// given the key as text, as it is given every key (a store keyed by
+    /// bytes was given an address's bytes): a `custom` key as it was
+    /// computed, the others written again from the request.
     #[cold]
     #[inline(never)]
-    fn answer_failed(&self, key: &[u8], error: StoreError) -> Answer {
-        let key = key_text(key);
+    fn answer_failed(&self, facts: &RequestFacts<'_>, custom: Option<Vec<u8>>, error: StoreError) -> Answer {
+        let mut text = [0u8; 48];
+        let key = match custom {
+            Some(key) => key,
+            None => self.key.of(facts, &mut text, ip_text).ok().flatten().map(Cow::into_owned).unwrap_or_default(),
+        };
+        let key = key_text(&key);
         let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
         answer_of_one(&check, &self.limiter.verdict(&check, Err(error)))
     }
@@ -345,46 +342,84 @@ impl<S: Store> KeyedLimit<S> {
 }
 
 impl<S: Store + 'static> Decide for KeyedLimit<S> {
-    async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
+    // Not an `async fn`: the key is written and the store asked here, and
+    // only the store's answer is awaited, by a future whose `poll` is
+    // always inlined. So the layer's `call`, which polls it once over the
+    // in-memory store, inlines all of it, and the answer is built where the
+    // call reads it (an `async` block's `poll` is only hinted inline, stays
+    // out of line, and its answer is copied out by a `memcpy` call whose
+    // loads stall on the stores just made).
+    #[inline(always)]
+    fn decide(&self, facts: &RequestFacts<'_>) -> impl Future<Output = Result<Answer, DecideError>> + Send {
+        let store = self.limiter.store();
         let mut buf = [0u8; 48];
-        let Some(key) = self.key.of(facts, &mut buf, ip_text)? else { return Ok(Answer::unlimited()) };
-        match self.limiter.store().apply(&key_text(&key), self.limit(), 1).await {
-            Ok(decision) => Ok(self.answer(decision)),
-            Err(e) => Ok(self.answer_failed(&key, e)),
-        }
+        let write_ip = if store.keys_by_bytes() { ip_bytes } else { ip_text };
+        // A custom key is kept for the failure policy (it is not asked
+        // twice); the other keys are written again from the request.
+        let (asked, applied, custom) = match self.key.of(facts, &mut buf, write_ip) {
+            Ok(Some(Cow::Borrowed(key))) => (Asked::Store, Some(store.apply_bytes(key, self.limit(), 1)), None),
+            Ok(Some(Cow::Owned(key))) => (Asked::Store, Some(store.apply_bytes(&key, self.limit(), 1)), Some(key)),
+            Ok(None) => (Asked::Unlimited, None, None),
+            Err(e) => (Asked::Refused(e), None, None),
+        };
+        KeyedDecision { decider: self, facts, asked, custom, applied }
     }
 
-    // Inlined into the layer's `call`, so the answer is built where the call
-    // reads it: returned, it would be written to a temporary and copied out
-    // (a `memcpy` call whose loads stall on the stores just made).
+    fn answers_at_once(&self) -> bool {
+        self.limiter.store().answers_at_once()
+    }
+}
+
+/// What a [`KeyedLimit`] did with a request when it was asked.
+enum Asked {
+    /// Asked the store (the answer is awaited).
+    Store,
+    /// Nothing limits the request (it has no key).
+    Unlimited,
+    /// The key could not be taken from the request.
+    Refused(DescriptorError),
+    /// Answered (polled after it completed).
+    Done,
+}
+
+pin_project_lite::pin_project! {
+    /// A [`KeyedLimit`]'s decision: the store was asked when it was made;
+    /// this waits for its answer.
+    struct KeyedDecision<'d, 'f, 'r, S, F> {
+        decider: &'d KeyedLimit<S>,
+        facts: &'f RequestFacts<'r>,
+        asked: Asked,
+        custom: Option<Vec<u8>>,
+        #[pin]
+        applied: Option<F>,
+    }
+}
+
+impl<S: Store, F: Future<Output = Result<Decision, StoreError>>> Future for KeyedDecision<'_, '_, '_, S, F> {
+    type Output = Result<Answer, DecideError>;
+
     #[inline(always)]
-    fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
-        let store = self.limiter.store();
-        if !store.answers_now() {
-            return None;
-        }
-        let mut buf = [0u8; 16];
-        let key = match self.key.of(facts, &mut buf, ip_bytes) {
-            Ok(Some(key)) => key,
-            Ok(None) => return Some(Ok(Answer::unlimited())),
-            Err(e) => return Some(Err(e.into())),
-        };
-        // The store writes the decision here, a local the answer is built
-        // from field by field (no copy through memory).
-        let mut d = Decision::default();
-        match store.apply_bytes_now(&key, self.limit(), 1, &mut d)? {
-            Ok(()) => Some(Ok(self.answer(d))),
-            // The failure policy is given the key as text, as it is given
-            // every key: an address's text (the other keys' bytes are their
-            // text already; a custom key is not asked twice).
-            Err(e) => {
-                let mut text = [0u8; 48];
-                let key = match (&self.key, facts.client_ip) {
-                    (Key::ClientIp, Some(ip)) => Cow::Borrowed(ip_text(ip, &mut text)),
-                    _ => key,
-                };
-                Some(Ok(self.answer_failed(&key, e)))
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.project();
+        // Each answer is built in its `Poll` (not moved into one).
+        match std::mem::replace(this.asked, Asked::Done) {
+            Asked::Store => {
+                let applied = this.applied.as_pin_mut().expect("a store's future while it is asked");
+                match applied.poll(cx) {
+                    Poll::Ready(Ok(d)) => Poll::Ready(Ok(this.decider.answer(d))),
+                    Poll::Ready(Err(e)) => {
+                        Poll::Ready(Ok(this.decider.answer_failed(this.facts, this.custom.take(), e)))
+                    }
+                    Poll::Pending => {
+                        *this.asked = Asked::Store;
+                        Poll::Pending
+                    }
+                }
             }
+            Asked::Unlimited => Poll::Ready(Ok(Answer::unlimited())),
+            Asked::Refused(e) => Poll::Ready(Err(e.into())),
+            Asked::Done => panic!("a KeyedLimit's decision polled after it completed"),
         }
     }
 }
@@ -397,6 +432,7 @@ fn answer_of_one(check: &RuleCheck<'_>, verdict: &Verdict) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floodgate_testing::at_once;
 
     #[test]
     fn header_keys_are_their_bytes_in_the_memory_store() {
@@ -407,7 +443,7 @@ mod tests {
             let mut headers = http::HeaderMap::new();
             headers.insert("x-user", http::HeaderValue::from_bytes(value).unwrap());
             let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
-            decider.decide_now(&facts).expect("the memory store answers at once").unwrap().allowed
+            at_once(decider.decide(&facts)).unwrap().allowed
         };
         assert!(allowed(b"alice"));
         assert!(!allowed(b"alice"));
@@ -428,7 +464,7 @@ mod tests {
         let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
         let allowed = |ip: &str| {
             let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
-            decider.decide_now(&facts).expect("the memory store answers at once").unwrap().allowed
+            at_once(decider.decide(&facts)).unwrap().allowed
         };
         for ip in ["10.0.0.1", "10.0.0.2", "::1", "::ffff:10.0.0.1", "2001:db8::a00:1"] {
             assert!(allowed(ip), "{ip}: its own counter");
@@ -438,11 +474,7 @@ mod tests {
         // (the store's own counters, spent above).
         assert_eq!(decider.store().len(), 5);
         let limit = decider.limit().clone();
-        let allowed_by_key = |key: &[u8]| {
-            let mut d = Decision::default();
-            decider.store().apply_bytes_now(key, &limit, 1, &mut d).unwrap().unwrap();
-            d.allowed
-        };
+        let allowed_by_key = |key: &[u8]| at_once(decider.store().apply_bytes(key, &limit, 1)).unwrap().allowed;
         let mut v6_loopback = [0u8; 16];
         v6_loopback[15] = 1;
         assert!(!allowed_by_key(&[10, 0, 0, 1]));
@@ -459,7 +491,7 @@ mod tests {
         let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
         let answer = |ip: &str| {
             let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
-            decider.decide_now(&facts).expect("the memory store answers at once").unwrap()
+            at_once(decider.decide(&facts)).unwrap()
         };
         let first = answer("10.0.0.1");
         assert_eq!(first.headline.as_ref().map(|h| h.decision.remaining), Some(4));

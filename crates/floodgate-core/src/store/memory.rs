@@ -414,32 +414,26 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(())
     }
 
+    // Always inlined, as `apply_bytes_into_at` is (the decision is written
+    // where the caller keeps it).
+    #[inline(always)]
+    fn apply_bytes<'a>(
+        &'a self,
+        key: &[u8],
+        limit: &'a Limit,
+        hits: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + use<'a, C> {
+        let mut d = Decision::default();
+        std::future::ready(self.apply_bytes_into_at(key, limit, hits, self.clock.now_us(), &mut d).map(|()| d))
+    }
+
     #[inline]
-    fn answers_now(&self) -> bool {
+    fn answers_at_once(&self) -> bool {
         true
     }
 
     #[inline]
-    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-        Some(self.apply_sync(key, limit, hits))
-    }
-
-    // Always inlined, as `apply_bytes_into_at` is (the decision is written
-    // where the caller keeps it).
-    #[inline(always)]
-    fn apply_bytes_now(
-        &self,
-        key: &[u8],
-        limit: &Limit,
-        hits: u64,
-        out: &mut Decision,
-    ) -> Option<Result<(), StoreError>> {
-        Some(self.apply_bytes_into_at(key, limit, hits, self.clock.now_us(), out))
-    }
-
-    #[inline]
-    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
-        self.apply_all_at(checks, self.clock.now_us(), out);
+    fn keys_by_bytes(&self) -> bool {
         true
     }
 }
@@ -537,6 +531,7 @@ fn expiry_s(now_us: u64, d: &Decision) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floodgate_testing::at_once;
 
     #[test]
     fn expiry_is_the_reset_rounded_up_to_a_second() {
@@ -555,12 +550,8 @@ mod tests {
     fn a_key_and_its_bytes_are_one_key_and_any_bytes_are_a_key() {
         let store = MemoryStore::builder().clock(crate::ManualClock::new(0)).build();
         let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
-        let remaining = |key: &[u8]| {
-            let mut d = Decision::default();
-            store.apply_bytes_now(key, &limit, 1, &mut d).unwrap().unwrap();
-            d.remaining
-        };
-        assert_eq!(store.apply_now("alice", &limit, 1).unwrap().unwrap().remaining, 1);
+        let remaining = |key: &[u8]| at_once(store.apply_bytes(key, &limit, 1)).unwrap().remaining;
+        assert_eq!(at_once(store.apply("alice", &limit, 1)).unwrap().remaining, 1);
         assert_eq!(remaining(b"alice"), 0);
         // Not UTF-8, and two values that would read alike as lossy text.
         assert_eq!(remaining(b"\xff"), 1);
@@ -582,24 +573,23 @@ mod tests {
         }
 
         async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
-            self.0.apply_all_now(checks, out);
-        }
-
-        fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-            Some(self.0.apply_sync(key, limit, hits))
+            self.0.apply_all(checks, out).await;
         }
     }
 
     #[test]
-    fn a_text_store_takes_utf8_bytes_and_declines_others() {
+    fn a_text_store_takes_utf8_bytes_as_text_and_others_as_lossy_text() {
         let store = TextOnly(MemoryStore::new());
+        assert!(!store.keys_by_bytes() && !store.answers_at_once(), "the defaults");
         let limit = Limit::new(crate::Algorithm::FixedWindow, 2, std::time::Duration::from_secs(60)).unwrap();
-        let mut d = Decision::default();
-        assert_eq!(store.apply_bytes_now("caf\u{e9}".as_bytes(), &limit, 1, &mut d), Some(Ok(())));
-        assert_eq!(d.remaining, 1, "the decision is written out");
+        let d = at_once(store.apply_bytes("caf\u{e9}".as_bytes(), &limit, 1)).unwrap();
+        assert_eq!(d.remaining, 1, "the decision is given");
         assert_eq!(store.0.apply_sync("caf\u{e9}", &limit, 1).unwrap().remaining, 0, "the same key");
-        assert!(store.apply_bytes_now(b"\xff", &limit, 1, &mut d).is_none(), "declined: ask apply");
-        assert_eq!(store.0.len(), 1, "nothing counted for the declined key");
+        // A text store cannot hold other bytes: they are read as text, each
+        // bad byte U+FFFD (as a text store's callers always gave them).
+        assert_eq!(at_once(store.apply_bytes(b"\xff", &limit, 1)).unwrap().remaining, 1);
+        assert_eq!(store.0.apply_sync("\u{fffd}", &limit, 1).unwrap().remaining, 0, "the same key");
+        assert_eq!(store.0.len(), 2);
     }
 
     #[test]

@@ -36,44 +36,61 @@ pub trait Store: Send + Sync {
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> impl Future<Output = ()> + Send;
 
-    /// Whether [`Store::apply_now`] and [`Store::apply_all_now`] always
-    /// answer (the in-memory store: `true`; the default `false`), so a
-    /// caller can skip preparing a call that would be declined.
-    fn answers_now(&self) -> bool {
-        false
-    }
-
-    /// [`Store::apply`] without waiting, for a store that can answer at once
-    /// (the in-memory store always does; the default is `None`). `None`
-    /// means nothing was done: ask [`Store::apply`].
-    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-        let _ = (key, limit, hits);
-        None
-    }
-
-    /// [`Store::apply_now`] for a key given as bytes, the decision written
-    /// into `out` (left as it was unless `Some(Ok(()))`): for callers that
-    /// write keys into a buffer (the tower layer's client-IP keys) and keep
-    /// the decision in a larger answer. A store that keys by bytes (the
-    /// in-memory store) takes them as they are; the default asks
-    /// [`Store::apply_now`] with the key as text, and declines (`None`) a key
-    /// that is not UTF-8. A `&str` key and its bytes are the same key.
-    fn apply_bytes_now(
-        &self,
+    /// [`Store::apply`] for a key given as bytes, which the future does not
+    /// hold: for callers that write keys into a buffer of their own (the
+    /// tower layer's client-IP keys). A store that keys by bytes (the
+    /// in-memory store, [`Store::keys_by_bytes`]) takes them as they are;
+    /// the default asks [`Store::apply`] with the key as text (a copy),
+    /// bytes that are not UTF-8 replaced by U+FFFD. A `&str` key and its
+    /// bytes are the same key.
+    fn apply_bytes<'a>(
+        &'a self,
         key: &[u8],
-        limit: &Limit,
+        limit: &'a Limit,
         hits: u64,
-        out: &mut Decision,
-    ) -> Option<Result<(), StoreError>> {
-        Some(self.apply_now(std::str::from_utf8(key).ok()?, limit, hits)?.map(|d| *out = d))
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + use<'a, Self> {
+        let key = String::from_utf8_lossy(key).into_owned();
+        async move { self.apply(&key, limit, hits).await }
     }
 
-    /// [`Store::apply_all`] without waiting, as [`Store::apply_now`]: `false`
-    /// means nothing was done (and `out` is untouched).
-    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
-        let _ = (checks, out);
+    /// Whether every future this store gives is ready when first polled
+    /// (the in-memory store: `true`; the default `false`). A caller that
+    /// must not allocate for a decision that answers at once (the tower
+    /// layer) polls it once, with [`ready_at_once`], only then.
+    fn answers_at_once(&self) -> bool {
         false
     }
+
+    /// Whether keys are compared as bytes, so a caller may key by bytes
+    /// that are not text (an IP address's 4 or 16 bytes) through
+    /// [`Store::apply_bytes`]; the default `false` (keys are text: the
+    /// bytes of [`Store::apply_bytes`] are read as UTF-8).
+    fn keys_by_bytes(&self) -> bool {
+        false
+    }
+}
+
+/// `fut` polled once: [`Poll::Ready`](std::task::Poll::Ready) with its
+/// output, or `Pending` (and `fut` is dropped: what it started is
+/// abandoned). For a caller that knows the stores below it answer at once
+/// ([`Store::answers_at_once`]) and would rather not box the future it
+/// holds (the tower layer's `call`): the decision, written once, runs to
+/// its end in this one poll.
+///
+/// ```
+/// use floodgate_core::{Algorithm, Limit, MemoryStore, Store};
+/// use floodgate_core::store::ready_at_once;
+/// let store = MemoryStore::new();
+/// let limit = Limit::new(Algorithm::FixedWindow, 1, std::time::Duration::from_secs(60)).unwrap();
+/// assert!(store.answers_at_once());
+/// let std::task::Poll::Ready(Ok(d)) = ready_at_once(store.apply("alice", &limit, 1)) else { panic!() };
+/// assert!(d.allowed);
+/// assert!(ready_at_once(std::future::pending::<()>()).is_pending());
+/// ```
+#[inline(always)]
+pub fn ready_at_once<F: Future>(fut: F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::pin!(fut).poll(&mut cx)
 }
 
 /// One limit to decide for one request: the key's counter, the limit, the

@@ -106,64 +106,30 @@ impl PerKey {
         self.all_domains.load(Relaxed) || self.domains.load().contains(domain)
     }
 
-    /// The lookup key of a descriptor, when its domain may have entries.
-    pub(crate) fn key_of(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<String> {
-        if !self.may_have(domain) {
-            return None;
-        }
-        lookup_key(domain, entries)
-    }
-
     /// The limits of exactly this descriptor's entry, if any, through the
-    /// cache; a miss reads the store (on disk, on this thread; in Redis, in
-    /// the next read batch). `None` when there is none, or the store failed
-    /// to answer a miss (the files' rules apply then).
+    /// caches ([`PerKey::cached_answer`]); a miss reads the store (on disk, on this
+    /// thread; in Redis, in the next read batch). `None` when there is none,
+    /// or the store failed to answer a miss (the files' rules apply then).
+    /// Ready at its first poll unless the entries are in Redis
+    /// ([`PerKey::answers_at_once`]) and the answer is not cached. Each call
+    /// counts one hit or one miss.
     pub async fn lookup(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
-        let key = self.key_of(domain, entries)?;
-        let at = self.compact.place(&key);
-        let Some(sharded) = self.sharded.get() else {
-            return self.lookup_disk(&key, at).map_or_else(|l| l, |(c, _)| c.limits);
-        };
-        if let Some((c, _)) = self.compact_hit(at) {
-            return c.limits;
+        match self.cached_answer(domain, entries) {
+            Ok(limits) => limits,
+            Err(NeedsRead) => self.read_miss(lookup_key(domain, entries)?).await,
         }
-        let cache_key = CacheKey::new(&key);
-        for _ in 0..2 {
-            match self.cache.get_value_or_guard_async(&cache_key).await {
-                Ok(c) if self.fresh(&c) => {
-                    self.stats.hits.add(1);
-                    return c.limits;
-                }
-                Ok(_) => {
-                    self.cache.remove(&cache_key);
-                }
-                Err(guard) => {
-                    // The read this placeholder waited for may have gone
-                    // to the compact table.
-                    if let Some((c, _)) = self.compact_hit(at) {
-                        return c.limits;
-                    }
-                    let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
-                    self.stats.misses.add(1);
-                    let got = sharded.read(key.clone()).await.inspect_err(|e| {
-                        self.stats.read_errors.fetch_add(1, Relaxed);
-                        tracing::debug!("a per-key miss could not be read: {e}; the files' rules apply");
-                    });
-                    let limits = self.decoded(&key, got.ok()?.as_deref());
-                    // Either fails when a change removed the key meanwhile.
-                    if let Kept::NotCompact = self.keep_compact(&key, at, &limits, expires_ms, epoch) {
-                        let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
-                    }
-                    return limits;
-                }
-            }
-        }
-        None
     }
 
-    /// [`PerKey::lookup`] without waiting: [`NeedsRead`] when the answer
-    /// needs a Redis read (a miss with the entries in Redis).
-    pub fn lookup_now(
+    /// Whether every [`PerKey::lookup`] is ready at its first poll: the
+    /// entries are on disk (read on the caller's thread), not in Redis.
+    pub fn answers_at_once(&self) -> bool {
+        self.sharded.get().is_none()
+    }
+
+    /// The answer the caches hold for this descriptor (a hit counted), or
+    /// the disk's (a miss counted); [`NeedsRead`] (nothing counted) when
+    /// only a Redis read can answer.
+    pub fn cached_answer(
         &self,
         domain: &str,
         entries: &[(impl AsRef<str>, impl AsRef<str>)],
@@ -207,10 +173,50 @@ impl PerKey {
         })
     }
 
-    /// [`PerKey::lookup_now`], a Redis miss answered `None` (for tests and
+    /// The Redis read of a miss of `key` ([`PerKey::cached_answer`] could not
+    /// answer), shared with any read of the same key under way (one waits
+    /// for the other's answer, counted as a hit); its answer cached.
+    async fn read_miss(&self, key: String) -> Option<Limits> {
+        let sharded = self.sharded.get()?;
+        let at = self.compact.place(&key);
+        let cache_key = CacheKey::new(&key);
+        for _ in 0..2 {
+            match self.cache.get_value_or_guard_async(&cache_key).await {
+                Ok(c) if self.fresh(&c) => {
+                    self.stats.hits.add(1);
+                    return c.limits;
+                }
+                Ok(_) => {
+                    self.cache.remove(&cache_key);
+                }
+                Err(guard) => {
+                    // The read this placeholder waited for may have gone
+                    // to the compact table.
+                    if let Some((c, _)) = self.compact_hit(at) {
+                        return c.limits;
+                    }
+                    let (epoch, expires_ms) = (self.epoch.load(Acquire), self.expiry());
+                    self.stats.misses.add(1);
+                    let got = sharded.read(key.clone()).await.inspect_err(|e| {
+                        self.stats.read_errors.fetch_add(1, Relaxed);
+                        tracing::debug!("a per-key miss could not be read: {e}; the files' rules apply");
+                    });
+                    let limits = self.decoded(&key, got.ok()?.as_deref());
+                    // Either fails when a change removed the key meanwhile.
+                    if let Kept::NotCompact = self.keep_compact(&key, at, &limits, expires_ms, epoch) {
+                        let _ = guard.insert(Cached { limits: limits.clone(), expires_ms });
+                    }
+                    return limits;
+                }
+            }
+        }
+        None
+    }
+
+    /// [`PerKey::cached_answer`], a Redis miss answered `None` (for tests and
     /// tools; the service waits for the read).
     pub fn get(&self, domain: &str, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Limits> {
-        self.lookup_now(domain, entries).ok().flatten()
+        self.cached_answer(domain, entries).ok().flatten()
     }
 
     /// The compact table's answer for the key at `at`, and its code, a hit
@@ -299,7 +305,7 @@ impl PerKey {
         let expiries: Vec<u64> = batch.iter().map(|_| self.expiry()).collect();
         let values = {
             let keys: Vec<&str> = batch.iter().map(|d| d.key.as_str()).collect();
-            sharded.read_now(&keys).await
+            sharded.read_due(&keys).await
         };
         for ((d, got), expires_ms) in batch.iter().zip(values).zip(expiries) {
             let Ok(got) = got else { continue };

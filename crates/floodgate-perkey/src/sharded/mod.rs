@@ -229,9 +229,10 @@ impl Sharded {
         }
     }
 
-    /// The values under `keys`, read now on the decisions' connection
-    /// (answers due for their refresh): [`Sharded::values`].
-    pub(crate) async fn read_now(&self, keys: &[&str]) -> Vec<Result<Option<Vec<u8>>, KeyError>> {
+    /// The values under `keys` of answers due for their refresh, read on
+    /// the decisions' connection (not batched with misses):
+    /// [`Sharded::values`].
+    pub(crate) async fn read_due(&self, keys: &[&str]) -> Vec<Result<Option<Vec<u8>>, KeyError>> {
         self.values(keys, Via::Decisions).await
     }
 

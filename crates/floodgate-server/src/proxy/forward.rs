@@ -197,17 +197,8 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
         layer_answer(self.service.decide(&req, Protocol::Proxy).await)
     }
 
-    fn decide_now(&self, facts: &RequestFacts<'_>) -> Option<Result<Answer, DecideError>> {
-        // A store that must be awaited declines before the request is built.
-        if !self.service.store().answers_now() {
-            return None;
-        }
-        let req = match self.request(facts) {
-            Ok(Some(req)) => req,
-            Ok(None) => return Some(Ok(Answer::unlimited())),
-            Err(e) => return Some(Err(e)),
-        };
-        Some(layer_answer(self.service.decide_now(&req, Protocol::Proxy)?))
+    fn answers_at_once(&self) -> bool {
+        self.service.answers_at_once()
     }
 }
 

@@ -74,28 +74,10 @@ impl Store for ServerStore {
         }
     }
 
-    fn answers_now(&self) -> bool {
+    fn answers_at_once(&self) -> bool {
         match self {
-            Self::Memory(s) | Self::Regional(s, ..) => s.answers_now(),
-            Self::Redis(s) | Self::RedisRegional(s, ..) => s.answers_now(),
-        }
-    }
-
-    fn apply_now(&self, key: &str, limit: &Limit, hits: u64) -> Option<Result<Decision, StoreError>> {
-        match self {
-            Self::Memory(s) | Self::Regional(s, ..) => s.apply_now(key, limit, hits),
-            Self::Redis(s) | Self::RedisRegional(s, ..) => s.apply_now(key, limit, hits),
-        }
-    }
-
-    fn apply_all_now(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) -> bool {
-        match self {
-            Self::Memory(s) => s.apply_all_now(checks, out),
-            Self::Regional(s, t, _) => {
-                t.apply_all_with(s, checks, s.clock().now_us(), out);
-                true
-            }
-            Self::Redis(s) | Self::RedisRegional(s, ..) => s.apply_all_now(checks, out),
+            Self::Memory(s) | Self::Regional(s, ..) => s.answers_at_once(),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.answers_at_once(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use floodgate_core::headers::HeaderMode;
+use floodgate_core::store::ready_at_once;
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
@@ -70,11 +71,15 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let mode = self.shared.headers;
-        // A decider that can answer at once (an in-memory store) does, here:
-        // no allocation, and the ready inner service is called in place.
-        // (Matched by reference: moving the answer out would copy it.)
-        let decided = self.shared.decider.decide_now(&self.shared.facts(&req));
-        let Some(result) = &decided else {
+        // A decider that answers at once (an in-memory store) is polled
+        // once, here: no allocation, and the ready inner service is called
+        // in place. (Matched by reference: moving the answer out would copy
+        // it.)
+        let decided = match self.shared.decider.answers_at_once() {
+            true => ready_at_once(self.shared.decider.decide(&self.shared.facts(&req))),
+            false => Poll::Pending,
+        };
+        let Poll::Ready(result) = &decided else {
             let shared = Arc::clone(&self.shared);
             let decision = Box::pin(async move {
                 let result = shared.decider.decide(&shared.facts(&req)).await;
