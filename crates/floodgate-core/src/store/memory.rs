@@ -222,38 +222,6 @@ impl<C: Clock> MemoryStore<C> {
         self.insert_at(shard, &probe, hash, limit, hits, now_us)
     }
 
-    /// [`MemoryStore::apply_bytes_at`], the decision written into `out`
-    /// (left as it was on an error), for a caller that keeps it in a larger
-    /// value (the tower layer's answer): returned, it is copied there
-    /// through the caller's stack, and each copy's wide loads over the
-    /// narrow stores just made stall (~20 ns of a tower-layer request).
-    // The same steps as `apply_bytes_at`, written out again: the two
-    // sharing one generic body (closures for the found and missing key)
-    // cost `apply_bytes_at` ~2 ns in the core bench (one key, allowed:
-    // 23.4-23.7 ns against 25.7-26.0). They share the lookup.
-    #[inline(always)]
-    pub fn apply_bytes_into_at(
-        &self,
-        key: &[u8],
-        limit: &Limit,
-        hits: u64,
-        now_us: u64,
-        out: &mut Decision,
-    ) -> Result<(), StoreError> {
-        let hash = self.hasher.hash_one(key);
-        let probe = Probe::new(key, hash);
-        let mut shard = self.lock(hash);
-        if let Some(slot) = slot_of(&mut shard, hash, &probe, limit) {
-            limit.apply_into(&mut slot.state, now_us, hits, out);
-            if out.allowed && hits > 0 {
-                slot.expires_s = expiry_s(now_us, out);
-            }
-            return Ok(());
-        }
-        *out = self.insert_at(shard, &probe, hash, limit, hits, now_us)?;
-        Ok(())
-    }
-
     /// The rest of [`MemoryStore::apply_bytes_at`] for a key the shard does
     /// not hold: decided from the empty state, and stored if that changed
     /// it. Out of line, so the common path (an existing key) stays small
@@ -414,8 +382,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(())
     }
 
-    // Always inlined, as `apply_bytes_into_at` is (the decision is written
-    // where the caller keeps it).
+    // Always inlined, as `apply_bytes_at` is (into the tower layer's `call`).
     #[inline(always)]
     fn apply_bytes<'a>(
         &'a self,
@@ -423,8 +390,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         limit: &'a Limit,
         hits: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send + use<'a, C> {
-        let mut d = Decision::default();
-        std::future::ready(self.apply_bytes_into_at(key, limit, hits, self.clock.now_us(), &mut d).map(|()| d))
+        std::future::ready(self.apply_bytes_at(key, limit, hits, self.clock.now_us()))
     }
 
     #[inline]
