@@ -7,8 +7,8 @@
 //! dashboard, and a `simulate --plot` picture): into `target/screenshots/`,
 //! or `docs/` with `FLOODGATE_SCREENSHOTS=docs` (`scripts/screenshots`).
 
-mod browser;
-mod cli;
+use crate::browser;
+use crate::cli;
 
 use std::path::PathBuf;
 

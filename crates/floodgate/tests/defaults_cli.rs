@@ -3,7 +3,7 @@
 //! and a proxy that limits per client address out of the box (issue 23's
 //! defects 2, 4 and 5).
 
-mod cli;
+use crate::cli;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! bad lines by number, a failed batch applies nothing), export round trip,
 //! get, set, delete, tiers, and decisions under the imported tiers.
 
-mod cli;
+use crate::cli;
 
 use cli::{Served, http_get, run};
 use floodgate_testing::TempDir;

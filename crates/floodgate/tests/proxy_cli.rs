@@ -4,7 +4,7 @@
 //! streamed both ways, an upstream that is down or slow, slow clients,
 //! HTTP/2, graceful shutdown, and bad flags.
 
-mod cli;
+use crate::cli;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! a Redis that dies under load costs no hang and no panic: each rule's
 //! failure policy answers, and decisions are exact again once Redis is back.
 
-mod cli;
+use crate::cli;
 
 use std::time::{Duration, Instant};
 

@@ -14,9 +14,8 @@
 //!
 //! Skips, saying why, only where namespaces cannot be made (not root).
 
-mod cli;
-#[path = "regions/net.rs"]
-mod net;
+use crate::cli;
+use crate::net;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

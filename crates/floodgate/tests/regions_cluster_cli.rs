@@ -10,7 +10,7 @@
 //! (the cluster kept them) and leaves no bounded key blocked, and the
 //! bounded cap holds through a crash loop that loses the cluster's data.
 
-mod cli;
+use crate::cli;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! codes, settings refused before any port is bound, SIGTERM, and the two
 //! clients against a live server.
 
-mod cli;
+use crate::cli;
 
 use std::net::TcpListener;
 

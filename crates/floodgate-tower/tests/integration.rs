@@ -1,0 +1,5 @@
+//! The tower layer's integration tests, one binary for both: in an axum
+//! application and in a tonic server.
+
+mod with_axum;
+mod with_tonic;
