@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use floodgate_core::rules::RuleSet;
-use floodgate_perkey::{CacheOptions, KeySpec, PerKey};
+use floodgate_perkey::{CacheOptions, KeySpec, Limits, PerKey};
 use floodgate_redis::{RedisConfig, RedisStore};
 use floodgate_testing::{RedisServer, TempDir};
 use serde_json::json;
@@ -295,7 +295,8 @@ async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_o
     let counts = || (k.stats().hits.get(), k.stats().misses.get());
 
     // alice cached, bob not.
-    assert!(k.lookup("api", &[("user", "alice")]).await.is_some());
+    let alice = k.lookup("api", &[("user", "alice")]).await;
+    assert!(matches!(&alice, Some(Limits::Tier(t)) if t.to_string() == "free"), "{alice:?}");
     let before = counts();
     let user = |u: &str| Descriptor { entries: vec![("user".into(), u.into())], ..Descriptor::default() };
     let req = Request { domain: "api".into(), descriptors: vec![user("alice"), user("bob")], hits_addend: 1 };
