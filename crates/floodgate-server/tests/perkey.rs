@@ -296,7 +296,7 @@ async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_o
 
     // alice cached, bob not.
     let alice = k.lookup("api", &[("user", "alice")]).await;
-    assert!(matches!(&alice, Some(Limits::Tier(t)) if t.to_string() == "free"), "{alice:?}");
+    assert!(matches!(&alice, Some(Limits::Tier(t)) if *t == "free"), "{alice:?}");
     let before = counts();
     let user = |u: &str| Descriptor { entries: vec![("user".into(), u.into())], ..Descriptor::default() };
     let req = Request { domain: "api".into(), descriptors: vec![user("alice"), user("bob")], hits_addend: 1 };
