@@ -38,19 +38,32 @@ impl Limit {
     /// ```
     #[inline(always)]
     pub fn apply(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+        self.dispatch(state, now_us, hits, |d| d)
+    }
+
+    /// The algorithm's decision, given to `then` in each arm. (Written as
+    /// one `match` returning the decision, the memory store's one-key denied
+    /// case measured ~10% slower — 52 against 47 ns, pinned to a core,
+    /// `vs_governor` — though the two forms mean the same.)
+    #[inline(always)]
+    fn dispatch<R>(&self, state: &mut State, now_us: u64, hits: u64, then: impl FnOnce(Decision) -> R) -> R {
         if self.limit() == 0 {
             // Envoy's `requests_per_unit: 0`: deny every hit, no wait helps.
-            return if hits == 0 { Decision::allow(0, 0, 0) } else { Decision::deny(0, 0, 0, None) };
+            return then(if hits == 0 { Decision::allow(0, 0, 0) } else { Decision::deny(0, 0, 0, None) });
         }
         match self.algorithm() {
-            Algorithm::FixedWindow => fixed_window::apply(self, state, now_us, hits),
-            Algorithm::SlidingLog => sliding_log::apply(self, state, now_us, hits),
-            Algorithm::SlidingWindow => sliding_window::apply(self, state, now_us, hits),
+            Algorithm::FixedWindow => then(fixed_window::apply(self, state, now_us, hits)),
+            Algorithm::SlidingLog => then(sliding_log::apply(self, state, now_us, hits)),
+            Algorithm::SlidingWindow => then(sliding_window::apply(self, state, now_us, hits)),
             Algorithm::SlidingBuckets { granularity } => {
-                sliding_buckets::apply(self, *granularity, state, now_us, hits)
+                then(sliding_buckets::apply(self, *granularity, state, now_us, hits))
             }
-            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => gcra::apply(self, state, now_us, hits, false),
-            Algorithm::LeakyBucket { mode, .. } => gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape),
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => {
+                then(gcra::apply(self, state, now_us, hits, false))
+            }
+            Algorithm::LeakyBucket { mode, .. } => {
+                then(gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape))
+            }
         }
     }
 
