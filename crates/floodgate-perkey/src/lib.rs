@@ -1,13 +1,13 @@
 //! Per-key limits: a limit for one exact descriptor (`user=alice` in domain
 //! `api`), by naming a tier of the domain's rules file or by giving its own
 //! limits, taking precedence over the files. Millions of them: they live in
-//! a store ([`disk`] on one node; [`sharded`], Redis or a Redis Cluster,
+//! a store (`disk` on one node; `sharded`, Redis or a Redis Cluster,
 //! when instances share a Redis store), and the decision path reads them
 //! through a bounded cache that also holds "no entry" answers.
 //!
 //! * **Lookups.** A domain without entries costs one set lookup. Otherwise
 //!   the descriptor's lookup key is looked up in the cache: first the
-//!   compact table ([`compact`](cache::compact): "no entry" or a tier, seven answers to a
+//!   compact table (`cache::compact`: "no entry" or a tier, seven answers to a
 //!   128-byte bucket, each kept as a 64-bit keyed fingerprint of its key
 //!   and one word, `--key-cache` answers, least frequently used with
 //!   aging), then for answers with their own limits [quick_cache]
@@ -15,7 +15,7 @@
 //!   [`BYTES_PER_ANSWER`] bytes each). A cached answer is the entry's
 //!   limits only: a tier (one copy of its name per process) or its own
 //!   parsed limits. Concurrent misses for one key cost one read: on disk
-//!   the later ones wait on the key's stripe ([`PerKey::stripe`]) and find
+//!   the later ones wait on the key's stripe (`PerKey::stripe`) and find
 //!   the first one's answer; with Redis they wait on quick_cache's
 //!   placeholder. With Redis, a cached answer older than the time to live
 //!   (`--key-cache-ttl`, default 5 min, less up to a fifth at random) is
@@ -103,7 +103,7 @@ pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(300);
 pub const VERSIONS_EVERY: Duration = Duration::from_secs(1);
 /// With entries in Redis, a compact answer hit in the last
 /// `1 / REFRESH_SHARE` of its time to live is read again in the
-/// background ([`PerKey::refresh_due`]): an answer in use is renewed before
+/// background (`PerKey::refresh_due`): an answer in use is renewed before
 /// it expires instead of missing then (with the default 5 minutes, an
 /// answer hit at least once in the last 2.5 minutes of its life). A
 /// refresh is a key in a batch of up to a thousand, off the decisions'
@@ -222,7 +222,7 @@ pub struct PerKey {
     /// Set once the general cache has been given an answer on disk (until
     /// then, a disk lookup does not read it).
     general_used: AtomicBool,
-    /// Disk misses and writes, by stripes of keys ([`PerKey::stripe`]).
+    /// Disk misses and writes, by stripes of keys (`PerKey::stripe`).
     stripes: Box<[Padded<Mutex<()>>]>,
     stripes_hash: foldhash::fast::RandomState,
     /// Bumped before anything leaves the caches: a miss's read that
@@ -239,7 +239,7 @@ pub struct PerKey {
     /// refresh (0: never, on disk).
     refresh_ms: AtomicU64,
     /// Due answers asked for since the refresher last took them (with
-    /// Redis: [`PerKey::refresh_due`]).
+    /// Redis: `PerKey::refresh_due`).
     due: Mutex<Vec<Due>>,
     opened: Instant,
     /// Domains with at least one entry (most requests skip the cache).

@@ -61,7 +61,7 @@ impl PerKey {
     }
 
     /// Write validated entries ([`PerKey::validate`]): in one transaction
-    /// on disk; in Redis, see [`sharded`](crate::sharded).
+    /// on disk; in Redis, see `sharded`.
     pub async fn put_all(&self, entries: &[KeyEntry]) -> Result<usize, KeyError> {
         self.commit(writes_of(entries)?).await?;
         Ok(entries.len())

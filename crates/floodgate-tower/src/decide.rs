@@ -161,7 +161,7 @@ impl Key {
     }
 
     /// The key of a request as bytes, an IP address written into `buf` by
-    /// `write_ip` (no allocation): [`ip_text`] for stores keyed by text
+    /// `write_ip` (no allocation): `ip_text` for stores keyed by text
     /// (Redis keys stay readable; the bytes go through [`key_text`]),
     /// [`ip_bytes`] for a store keyed by bytes ([`Store::keys_by_bytes`]: the
     /// in-memory store). A header's value and a custom key are
@@ -222,7 +222,7 @@ const OCTETS: [([u8; 4], u8); 256] = {
 };
 
 /// `ip` as text in `buf`, as `Display` writes it, without `Display`'s cost
-/// (see [`ip_text`]): for descriptor values and forwarding headers.
+/// (see `ip_text`): for descriptor values and forwarding headers.
 pub fn ip_str(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &str {
     // Always ASCII.
     std::str::from_utf8(ip_text(ip, buf)).unwrap_or_default()

@@ -5,7 +5,9 @@
 //! `serve` sweeps them, batches to two peers every 100 ms. Not a benchmark
 //! of record (see scripts/bench-regions); a quick look.
 //!
-//!   cargo run --release -p floodgate-benches --bin global_cost -- [keys] [uniform|zipf] [key length]
+//! ```text
+//! cargo run --release -p floodgate-benches --bin global_cost -- [keys] [uniform|zipf] [key length]
+//! ```
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::time::{Duration, Instant};

@@ -5,7 +5,9 @@
 //! decision. Not a benchmark of record (scripts/bench-regions is); a quick
 //! look at the scripts alone.
 //!
-//!   cargo run --release -p floodgate-benches --bin region_cost -- [keys] [decisions]
+//! ```text
+//! cargo run --release -p floodgate-benches --bin region_cost -- [keys] [decisions]
+//! ```
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::sync::Arc;

@@ -273,7 +273,7 @@ impl GlobalTable {
     }
 
     /// Give back `hits` admitted at `at` (another limit of the request
-    /// denied it). See [`Entry::refund`]: exact here, never looser elsewhere.
+    /// denied it). See `Entry::refund`: exact here, never looser elsewhere.
     pub fn refund(&self, key: &str, hits: u64, at: u64, now: u64) {
         let mut shard = lock(self.shard(key.as_bytes()));
         if let Some(e) = shard.get_mut(key.as_bytes())

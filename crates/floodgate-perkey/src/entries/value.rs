@@ -205,7 +205,7 @@ pub(crate) const KV_SEP: char = '\u{1}';
 /// `value`, separated by control characters no entry may contain, so that
 /// key order is (domain, descriptor) order and a domain or a descriptor
 /// prefix is one range. `None` when a part holds one of them
-/// ([`check_text`] refuses them in entries).
+/// (`check_text` refuses them in entries).
 pub fn lookup_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> Option<String> {
     let mut key = String::with_capacity(domain.len() + entries.len() * 16);
     lookup_key_into(&mut key, domain, entries).then_some(key)

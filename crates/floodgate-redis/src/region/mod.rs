@@ -1,5 +1,5 @@
 //! A Redis region: every instance on one Redis (one server or a cluster) is
-//! one region. Its global limits' state is in Redis ([`state`]: decisions,
+//! one region. Its global limits' state is in Redis (`state`: decisions,
 //! merges, reads, acknowledgements, all in the one script); a
 //! [`RedisRegion`] is each instance's side of the sync, on the engine every
 //! kind of region shares ([`floodgate_core::region::link`]): the keys it
@@ -12,7 +12,7 @@
 //! The region's state outlives its instances: its incarnation, the peers'
 //! `complete` flags and whether each peer has recorded the incarnation live
 //! in Redis (`<prefix>region:<name>`), and so does the record of
-//! incarnations ([`record`]). A Redis that restarts empty is a new
+//! incarnations (`record`). A Redis that restarts empty is a new
 //! incarnation, seen by every instance within a sync interval. A new
 //! instance lists every key of the region's global rules (their state keys,
 //! by the rules' fingerprints, and the keys peers sent) for its peers' full

@@ -111,9 +111,9 @@ const BATCHES_IN_FLIGHT: usize = 2;
 ///   only).
 /// * On one server, requests are batched, per deciding thread (each with
 ///   its own queue and connection, so on per-core runtimes a request never
-///   crosses threads): at most [`BATCHES_IN_FLIGHT`] calls are in flight,
+///   crosses threads): at most `BATCHES_IN_FLIGHT` calls are in flight,
 ///   and the requests that arrive meanwhile go together in the next call
-///   (up to [`BATCH_CHECKS`] checks), each still all or nothing on its own. An idle store sends a request at once, so
+///   (up to `BATCH_CHECKS` checks), each still all or nothing on its own. An idle store sends a request at once, so
 ///   batching adds no wait; under load it saves Redis the per-call cost
 ///   (running the script, reading `TIME`) and this process the per-command
 ///   one. A Redis Cluster cannot batch: the keys of one call must share a
