@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use floodgate_core::parse_duration;
 use serde_json::json;
 
@@ -34,10 +35,14 @@ pub(crate) fn endpoint(server: &str) -> String {
 
 pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
     let timeout = parse_duration(&args.timeout).map_err(|e| Failure::usage(format!("--timeout: {e}")))?;
+    // A request-level `hits_addend` of 0 is proto3's "unset", which Envoy
+    // and the server read as 1: a peek sets each descriptor's own
+    // `hits_addend` to 0, which is a peek on every server.
+    let peek = (args.hits == 0).then_some(UInt64Value { value: 0 });
     let descriptors = args
         .descriptors
         .iter()
-        .map(|d| Ok(RateLimitDescriptor { entries: parse_descriptor(d)?, ..Default::default() }))
+        .map(|d| Ok(RateLimitDescriptor { entries: parse_descriptor(d)?, hits_addend: peek, ..Default::default() }))
         .collect::<Result<Vec<_>, Failure>>()?;
     let req = RateLimitRequest { domain: args.domain.clone(), descriptors, hits_addend: args.hits };
     let rt = tokio::runtime::Builder::new_current_thread()

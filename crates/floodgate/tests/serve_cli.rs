@@ -22,6 +22,14 @@ fn check_and_bench_against_a_live_server_then_sigterm_exits_0() {
     let (code, out, err) = check("1");
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.starts_with("OK\n") && out.contains("limit 2 per minute, remaining 1"), "{out}");
+    // Regression (issue 46): `--hits 0` reads the counters and takes
+    // nothing, however often (it was sent as the request's hits_addend 0,
+    // which counts as 1).
+    for _ in 0..3 {
+        let (code, out, err) = check("0");
+        assert_eq!(code, Some(0), "{out}{err}");
+        assert!(out.contains("remaining 1"), "a peek takes nothing: {out}");
+    }
     let (code, out, _) = check("2");
     assert_eq!(code, Some(1), "denied exits 1: {out}");
     assert!(out.starts_with("OVER_LIMIT"), "{out}");
