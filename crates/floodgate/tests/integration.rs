@@ -9,6 +9,7 @@ mod net;
 
 mod dashboard_browser;
 mod defaults_cli;
+mod docs;
 mod keys_cli;
 mod proxy_cli;
 mod redis_cli;
