@@ -28,3 +28,9 @@ pub use region::{MergeStats, RedisRegion};
 pub use shared::SharedMap;
 pub use store::{ClockSource, RedisConfig, RedisStats, RedisStore, Script, Via, join_all};
 pub use target::{Target, TargetError};
+
+/// The guide's chapter on the stores (`docs/stores.md`): its Rust examples
+/// run as this crate's doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/stores.md")]
+pub struct StoresChapter;

@@ -43,3 +43,10 @@ pub use layer::{
     ResponseFuture, Wrapped, grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection,
 };
 pub use throttle::{Throttle, ThrottleError};
+
+/// The guide's chapter on the proxy and the tower layer
+/// (`docs/proxy-and-tower.md`): its Rust examples run as this crate's
+/// doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/proxy-and-tower.md")]
+pub struct ProxyAndTowerChapter;

@@ -264,7 +264,7 @@ fn script(doc: &Path, blocks: &[Block], crates_docs: &str) -> Result<(String, Ve
                 }
                 Err(e) => errors.push(format!("{}:{e}", doc.display())),
             },
-            ("rust", _) => {
+            (lang, _) if lang.split(',').next() == Some("rust") => {
                 if !crates_docs.contains(&format!("docs/{name}\"")) && !crates_docs.contains(&format!("/{name}\")")) {
                     errors.push(format!(
                         "{at}: a Rust block in a file no crate runs as doctests: include `{name}` in a crate's docs (`#[cfg(doctest)] #[doc = include_str!(…)]`)"
