@@ -329,8 +329,8 @@ fn run(dir: &Path, script: &str) -> Result<(), String> {
             cmd.env_remove(k);
         }
     }
-    // Its own process group: whatever the examples leave behind is killed
-    // with it.
+    // Its own process group: on a timeout, whatever the examples started
+    // is killed with it (while the shell still holds the group).
     let mut child =
         cmd.process_group(0).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| format!("bash: {e}"))?;
     let kill_group = |pid: u32| {
@@ -339,7 +339,8 @@ fn run(dir: &Path, script: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            kill_group(child.id());
+            // The script's own exit trap has stopped what it started (its
+            // group may be gone, and its number taken by another).
             return if status.success() { Ok(()) } else { Err(format!("the examples' shell exited {status}")) };
         }
         if Instant::now() > deadline {
