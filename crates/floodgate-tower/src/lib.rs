@@ -50,3 +50,8 @@ pub use throttle::{Throttle, ThrottleError};
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/proxy-and-tower.md")]
 pub struct ProxyAndTowerChapter;
+
+/// The README's tour (its tower-layer example runs as this crate's doctest).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeTour;
