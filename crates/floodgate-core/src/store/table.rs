@@ -69,7 +69,7 @@ impl<T> Table<T> {
     /// in slot order from a free slot), in place: no allocation, so a store
     /// that evicts and sweeps all day does not churn the allocator (a fresh
     /// array per sweep of every shard fragmented glibc's heap: RSS grew to
-    /// 3-4x the entries held, RELIABILITY.md).
+    /// 3-4x the entries held, docs/operations.md, "Resource attacks").
     ///
     /// Linear probing without tombstones: an entry must be reachable from
     /// its home slot without crossing a free one. Walking once around from a
