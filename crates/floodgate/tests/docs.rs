@@ -212,7 +212,6 @@ struct Check {
 /// A document's script and the checks of its commands, or what is wrong
 /// with its blocks.
 fn script(doc: &Path, blocks: &[Block], crates_docs: &str) -> Result<(String, Vec<Check>), Vec<String>> {
-    let name = doc.file_name().expect("a file name").to_string_lossy().into_owned();
     let mut errors = Vec::new();
     let mut script = String::from(PREAMBLE);
     let mut checks = Vec::new();
@@ -259,9 +258,12 @@ fn script(doc: &Path, blocks: &[Block], crates_docs: &str) -> Result<(String, Ve
                 Err(e) => errors.push(format!("{}:{e}", doc.display())),
             },
             (lang, _) if lang.split(',').next() == Some("rust") => {
-                if !crates_docs.contains(&format!("docs/{name}\"")) && !crates_docs.contains(&format!("/{name}\")")) {
+                // Included from a crate's `src/lib.rs`: three folders up is
+                // the workspace's root.
+                if !crates_docs.contains(&format!("\"../../../{}\")", doc.display())) {
                     errors.push(format!(
-                        "{at}: a Rust block in a file no crate runs as doctests: include `{name}` in a crate's docs (`#[cfg(doctest)] #[doc = include_str!(…)]`)"
+                        "{at}: a Rust block in a file no crate runs as doctests: include `{}` in a crate's docs (`#[cfg(doctest)] #[doc = include_str!(…)]`)",
+                        doc.display()
                     ));
                 }
             }
@@ -299,15 +301,19 @@ fn crates_docs() -> String {
     all
 }
 
+/// Whether this process may make network namespaces (`unshare --net`:
+/// root, or a user namespace allowed).
+fn namespaces() -> bool {
+    Command::new("unshare").args(["--net", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
 /// Runs a document's script in `dir` (in a network namespace of its own
-/// when it can), bounded in time.
-fn run(dir: &Path, script: &str) -> Result<(), String> {
+/// when `own_namespace`), bounded in time.
+fn run(dir: &Path, script: &str, own_namespace: bool) -> Result<(), String> {
     std::fs::create_dir_all(dir.join("out")).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("script.sh"), script).map_err(|e| e.to_string())?;
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_floodgate")).parent().expect("the binary's directory").to_owned();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let own_namespace =
-        Command::new("unshare").args(["--net", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     let mut cmd = if own_namespace {
         let mut c = Command::new("unshare");
         c.args(["--net", "bash", "-c", "ip link set lo up && exec bash script.sh"]);
@@ -327,9 +333,6 @@ fn run(dir: &Path, script: &str) -> Result<(), String> {
     // is killed with it (while the shell still holds the group).
     let mut child =
         cmd.process_group(0).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| format!("bash: {e}"))?;
-    let kill_group = |pid: u32| {
-        let _ = Command::new("kill").args(["-9", &format!("-{pid}")]).stderr(Stdio::null()).status();
-    };
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
@@ -338,7 +341,8 @@ fn run(dir: &Path, script: &str) -> Result<(), String> {
             return if status.success() { Ok(()) } else { Err(format!("the examples' shell exited {status}")) };
         }
         if Instant::now() > deadline {
-            kill_group(child.id());
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-9", &group]).stderr(Stdio::null()).status();
             let _ = child.wait();
             return Err("the examples ran over 180 s".into());
         }
@@ -349,6 +353,7 @@ fn run(dir: &Path, script: &str) -> Result<(), String> {
 #[test]
 fn every_block_of_the_readme_and_the_guide_runs_or_says_why_not() {
     let crates_docs = crates_docs();
+    let own_namespace = namespaces();
     let mut failures = Vec::new();
     for doc in documents() {
         let md = std::fs::read_to_string(&doc).expect("a readable document");
@@ -371,7 +376,7 @@ fn every_block_of_the_readme_and_the_guide_runs_or_says_why_not() {
             continue;
         }
         let dir = TempDir::new("docs");
-        if let Err(e) = run(&dir.0, &script) {
+        if let Err(e) = run(&dir.0, &script, own_namespace) {
             failures.push(format!("{}: {e}", shown.display()));
         }
         for (n, c) in checks.iter().enumerate() {
