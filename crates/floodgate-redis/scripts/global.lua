@@ -1,5 +1,5 @@
--- global.lua: a Redis region's `scope: global` limits (see the README's
--- "Many regions"). Loaded after the algorithms, before entry.lua, which
+-- global.lua: a Redis region's `scope: global` limits (see docs/regions.md,
+-- "A Redis region"). Loaded after the algorithms, before entry.lua, which
 -- calls these for checks whose scope is global and for the ops `merge`,
 -- `read` and `ack`.
 --

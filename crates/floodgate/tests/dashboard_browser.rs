@@ -3,7 +3,7 @@
 //! asks for the token, shows a rule's rate rising while `floodgate bench`
 //! loads it, a flooding key at the top of its rule's list, a bad rules edit
 //! with its file:line (and the fix clearing it), and an edit made through
-//! the page in the admin API. It also takes the README's screenshots (the
+//! the page in the admin API. It also takes the guide's screenshots (the
 //! dashboard, and a `simulate --plot` picture): into `target/screenshots/`,
 //! or `docs/` with `FLOODGATE_SCREENSHOTS=docs` (`scripts/screenshots`).
 

@@ -22,6 +22,11 @@
 //! * ```` ```text ```` — a picture in text, not run.
 //!
 //! Any other fence is an error, so a new example is run or says why not.
+//!
+//! Every relative link of those files and of `BENCHMARKS.md` (`[text](path)`,
+//! `![alt](path)`, `[label]: path`, with or without `#anchor`) must name a
+//! file that exists and, with an anchor into Markdown, one of its headings
+//! (GitHub's anchors: see [`anchor`]).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -402,6 +407,138 @@ fn every_block_of_the_readme_and_the_guide_runs_or_says_why_not() {
         }
     }
     assert!(failures.is_empty(), "{} problems in the docs' examples:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// GitHub's anchor for a heading's text: lower case, every character but
+/// letters, digits, `-`, `_` and spaces dropped (so `` ` ``, `:`, `(`, `.`),
+/// spaces turned into `-`. A repeated heading gets `-1`, `-2`, … (see
+/// [`anchors`]).
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings (`#` lines outside blocks).
+fn anchors(md: &str) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for (_, line) in prose(md) {
+        let Some(h) = line.trim_start().strip_prefix('#') else { continue };
+        let h = h.trim_start_matches('#');
+        if !h.starts_with(' ') {
+            continue;
+        }
+        let a = anchor(h);
+        let n = seen.iter().filter(|s| **s == a || s.strip_prefix(a.as_str()).is_some_and(|r| is_suffix(r))).count();
+        seen.push(if n == 0 { a } else { format!("{a}-{n}") });
+    }
+    seen
+}
+
+/// `-N`: the suffix GitHub gives a repeated heading.
+fn is_suffix(rest: &str) -> bool {
+    rest.strip_prefix('-').is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The lines of a Markdown text outside fenced blocks, with their numbers.
+fn prose(md: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut fence: Option<usize> = None;
+    for (i, line) in md.lines().enumerate() {
+        let t = line.trim_start();
+        let ticks = t.chars().take_while(|&c| c == '`').count();
+        match fence {
+            Some(n) if ticks >= n && t.trim_matches('`').trim().is_empty() => fence = None,
+            Some(_) => {}
+            None if ticks >= 3 => fence = Some(ticks),
+            None => out.push((i + 1, line)),
+        }
+    }
+    out
+}
+
+/// The link targets of a Markdown text, with their line numbers: inline
+/// `](target)` outside code spans, and `[label]: target` definitions.
+fn links(md: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in prose(md) {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix('[').and_then(|r| r.split_once("]: ")) {
+            out.push((n, rest.1.split_whitespace().next().unwrap_or("").to_owned()));
+            continue;
+        }
+        // Code spans hide what looks like a link: drop them first.
+        let mut plain = String::new();
+        for (k, part) in line.split('`').enumerate() {
+            if k % 2 == 0 {
+                plain.push_str(part);
+            }
+        }
+        let mut rest = plain.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let end = after.find(')').unwrap_or(after.len());
+            let target = after[..end].split_whitespace().next().unwrap_or("");
+            out.push((n, target.trim_start_matches('<').trim_end_matches('>').to_owned()));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// What is wrong with a relative link of `doc` (None: it resolves).
+fn broken(doc: &Path, target: &str) -> Option<String> {
+    if target.contains("://") || target.starts_with("mailto:") {
+        return None;
+    }
+    let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+    let file = if path.is_empty() { doc.to_owned() } else { doc.parent().expect("a document's folder").join(path) };
+    if !file.exists() {
+        return Some(format!("no such file: {}", file.display()));
+    }
+    if fragment.is_empty() || file.extension().is_none_or(|e| e != "md") {
+        return None;
+    }
+    let md = std::fs::read_to_string(&file).ok()?;
+    if anchors(&md).iter().any(|a| a == fragment) {
+        None
+    } else {
+        Some(format!("no heading with the anchor #{fragment} in {}", file.display()))
+    }
+}
+
+#[test]
+fn every_relative_link_of_the_readme_the_guide_and_the_benchmarks_resolves() {
+    let mut docs = documents();
+    docs.push(root().join("BENCHMARKS.md"));
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for doc in docs {
+        let md = std::fs::read_to_string(&doc).expect("a readable document");
+        let shown = doc.strip_prefix(root()).unwrap_or(&doc).display().to_string();
+        for (line, target) in links(&md) {
+            count += 1;
+            if let Some(why) = broken(&doc, &target) {
+                failures.push(format!("{shown}:{line}: ({target}): {why}"));
+            }
+        }
+    }
+    assert!(count > 50, "only {count} links found: is the link reader broken?");
+    assert!(failures.is_empty(), "{} broken links:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn anchors_and_links_are_read_as_github_does() {
+    assert_eq!(anchor("Tower layer vs `tower_governor` (issue 7)"), "tower-layer-vs-tower_governor-issue-7");
+    assert_eq!(anchor("Core: memory per key"), "core-memory-per-key");
+    assert_eq!(anchor("`sync: eventual` and `sync: bounded`"), "sync-eventual-and-sync-bounded");
+    assert_eq!(anchors("# A\n## B\n```sh\n# B\n```\n### B\n#nope\n"), ["a", "b", "b-1"]);
+    let l = links("see [x](a.md#b) and `[y](z.md)`\n![p](img/p.png \"t\")\n[r]: docs/r.md\n```sh\n[q](no.md)\n```\n");
+    assert_eq!(l, [(1, "a.md#b".to_owned()), (2, "img/p.png".to_owned()), (3, "docs/r.md".to_owned())]);
 }
 
 #[test]

@@ -27,6 +27,12 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     }
 }
 
+/// Give back `hits` from a state brought to now ([`Limit::give_back`]).
+pub(super) fn give_back(state: &mut State, hits: u64) {
+    let (_, count) = state.window();
+    *count -= hits.min(*count);
+}
+
 /// Give back `hits` admitted at `at`, if its window is still the current one.
 pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, hits: u64) {
     let (id, count) = state.window();

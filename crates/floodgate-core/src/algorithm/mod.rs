@@ -98,4 +98,53 @@ impl Limit {
             }
         }
     }
+
+    /// A **refund** at `now_us`: give back `hits` taken earlier by requests
+    /// this call cannot name (Envoy's `is_negative_hits`, a negative `hits`
+    /// on `/v1/check`), and answer what a peek answers afterwards (always
+    /// allowed). What still counts is given back, never below zero:
+    ///
+    /// * `fixed_window`: from the current window's count (a window that has
+    ///   ended has nothing left to give).
+    /// * `sliding_window`, `sliding_buckets`, `sliding_log`: the newest hits
+    ///   first — the current window's count then the previous one's; the
+    ///   newest bucket then the older ones still in the window; the newest
+    ///   log entries then older ones still in the window. The hits a refund
+    ///   comes after are the newest ones, and these leave the window last.
+    /// * the GCRA family (`gcra`, `token_bucket`, `leaky_bucket`): the
+    ///   theoretical arrival time moves back by `hits` emission intervals,
+    ///   never past "full" (a bucket cannot hold more than its burst). The
+    ///   shaper cannot take back a delay already served: the refund makes
+    ///   room for the requests that come next.
+    ///
+    /// ```
+    /// use floodgate_core::{Algorithm, Limit, State};
+    /// use std::time::Duration;
+    /// let limit = Limit::new(Algorithm::SlidingLog, 3, Duration::from_secs(1)).unwrap();
+    /// let mut state = State::default();
+    /// assert!(limit.apply(&mut state, 0, 2).allowed);
+    /// assert!(limit.apply(&mut state, 10, 1).allowed);
+    /// let after = limit.give_back(&mut state, 20, 5); // more than was taken
+    /// assert!(after.allowed);
+    /// assert_eq!(after.remaining, 3);
+    /// ```
+    pub fn give_back(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+        // A peek first brings the state to `now` (what left the window is
+        // dropped), so what is given back is what still counts.
+        let _ = self.apply(state, now_us, 0);
+        if self.limit() > 0 && hits > 0 {
+            match self.algorithm() {
+                Algorithm::FixedWindow => fixed_window::give_back(state, hits),
+                Algorithm::SlidingLog => sliding_log::give_back(state, hits),
+                Algorithm::SlidingWindow => sliding_window::give_back(state, hits),
+                Algorithm::SlidingBuckets { granularity } => {
+                    sliding_buckets::give_back(self, *granularity, state, hits)
+                }
+                Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::LeakyBucket { .. } => {
+                    gcra::refund(self, state, now_us, now_us, hits)
+                }
+            }
+        }
+        self.apply(state, now_us, 0)
+    }
 }

@@ -48,7 +48,9 @@ struct Model {
     kind: Kind,
     l: u64,
     w: u64,
-    hist: Vec<(u64, u64)>,
+    /// Admitted `(time, hits)`; for the GCRA family a refund is a negative
+    /// entry (window algorithms take refunds out of the entries instead).
+    hist: Vec<(u64, i128)>,
 }
 
 impl Model {
@@ -61,7 +63,47 @@ impl Model {
     }
 
     fn sum(&self, keep: impl Fn(u64) -> bool) -> u128 {
-        self.hist.iter().filter(|(t, _)| keep(*t)).map(|&(_, h)| u128::from(h)).sum()
+        self.hist.iter().filter(|(t, _)| keep(*t)).map(|&(_, h)| u128::try_from(h).expect("a count")).sum()
+    }
+
+    /// Whether hits taken at `ti` still count at `t` (window algorithms).
+    fn counts(&self, ti: u64, t: u64) -> bool {
+        let w = self.w;
+        match self.kind {
+            Kind::Fixed => ti / w == t / w,
+            Kind::Log => ti + w > t,
+            Kind::Buckets(g) => {
+                let size = w / u64::from(g);
+                ti / size + u64::from(g) > t / size
+            }
+            // The current window and the one before.
+            Kind::Sliding => ti / w + 1 >= t / w,
+            _ => unreachable!("a window algorithm"),
+        }
+    }
+
+    /// A refund at `t`, by the definition: window algorithms give back the
+    /// newest hits that still count, never below zero; the GCRA family
+    /// gains `hits` tokens, never beyond its capacity.
+    fn give_back(&mut self, t: u64, hits: u64) {
+        if self.l == 0 {
+            return;
+        }
+        if let Kind::Gcra(_) | Kind::Token(_) | Kind::Meter(_) | Kind::Shaper(_) = self.kind {
+            self.hist.push((t, -i128::from(hits)));
+            return;
+        }
+        let mut left = i128::from(hits);
+        for i in (0..self.hist.len()).rev() {
+            if left == 0 {
+                break;
+            }
+            if self.counts(self.hist[i].0, t) {
+                let take = left.min(self.hist[i].1);
+                self.hist[i].1 -= take;
+                left -= take;
+            }
+        }
     }
 
     /// Tokens at `t`, scaled by W (exact): a bucket of `capacity` refilled
@@ -75,7 +117,10 @@ impl Model {
             if let Some(lt) = last {
                 ts = cap.min(ts + u128::from(ti - lt) * l);
             }
-            ts -= u128::from(hi) * w;
+            match u128::try_from(hi) {
+                Ok(taken) => ts -= taken * w,
+                Err(_) => ts = cap.min(ts + hi.unsigned_abs() * w),
+            }
             last = Some(ti);
         }
         if let Some(lt) = last {
@@ -103,12 +148,7 @@ impl Model {
         }
         let (w, h128, l128) = (self.w, u128::from(h), u128::from(self.l));
         match self.kind {
-            Kind::Fixed => self.sum(|ti| ti / w == t / w) + h128 <= l128,
-            Kind::Log => self.sum(|ti| ti + w > t) + h128 <= l128,
-            Kind::Buckets(g) => {
-                let size = w / u64::from(g);
-                self.sum(|ti| ti / size + u64::from(g) > t / size) + h128 <= l128
-            }
+            Kind::Fixed | Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) + h128 <= l128,
             Kind::Sliding => {
                 let (prev, cur, e) = self.sliding(t);
                 let w = u128::from(w);
@@ -121,12 +161,7 @@ impl Model {
     fn empty(&self, t: u64) -> bool {
         let w = self.w;
         match self.kind {
-            Kind::Fixed => self.sum(|ti| ti / w == t / w) == 0,
-            Kind::Log => self.sum(|ti| ti + w > t) == 0,
-            Kind::Buckets(g) => {
-                let size = w / u64::from(g);
-                self.sum(|ti| ti / size + u64::from(g) > t / size) == 0
-            }
+            Kind::Fixed | Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) == 0,
             Kind::Sliding => {
                 let (prev, cur, _) = self.sliding(t);
                 prev == 0 && cur == 0
@@ -162,7 +197,7 @@ fn check(model: &mut Model, d: &Decision, now: u64, hits: u64) {
         assert_eq!(d.delay, std::time::Duration::ZERO);
     }
     if allowed && hits > 0 {
-        model.hist.push((now, hits));
+        model.hist.push((now, i128::from(hits)));
     }
     assert_eq!(d.remaining, model.remaining(now), "remaining at {now}, history {:?}", model.hist);
     let retry = if allowed || hits > model.capacity() || model.l == 0 {
@@ -188,7 +223,8 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
     ]
 }
 
-fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64)]) {
+/// Run `ops` (`(dt, hits, refund)`) through the algorithm and its model.
+fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64, bool)]) {
     // Buckets need a window the granularity divides.
     let w = match kind {
         Kind::Buckets(g) => w * u64::from(g),
@@ -198,8 +234,14 @@ fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64)]) {
     let mut model = Model { kind, l, w, hist: Vec::new() };
     let mut state = State::default();
     let mut now = start;
-    for &(dt, hits) in ops {
+    for &(dt, hits, refund) in ops {
         now += dt;
+        if refund {
+            let d = limit.give_back(&mut state, now, hits);
+            model.give_back(now, hits);
+            check(&mut model, &d, now, 0);
+            continue;
+        }
         let before = state.clone();
         let d = limit.apply(&mut state, now, hits);
         if !d.allowed {
@@ -229,6 +271,21 @@ proptest! {
         w in 1u64..=12,
         start in 0u64..40,
         ops in prop::collection::vec((0u64..=14, 0u64..=5), 1..40),
+    ) {
+        let ops: Vec<_> = ops.into_iter().map(|(dt, h)| (dt, h, false)).collect();
+        run(kind, l, w, start, &ops);
+    }
+
+    /// Refunds (Envoy's `is_negative_hits`) among the requests: each gives
+    /// back what the definition says ([`Limit::give_back`]) and answers as a
+    /// peek does afterwards.
+    #[test]
+    fn refunds_match_the_reference_model(
+        kind in kind_strategy(),
+        l in 0u64..=6,
+        w in 1u64..=12,
+        start in 0u64..40,
+        ops in prop::collection::vec((0u64..=14, 0u64..=5, prop::bool::weighted(0.3)), 1..40),
     ) {
         run(kind, l, w, start, &ops);
     }
@@ -289,7 +346,7 @@ proptest! {
             let d = limit.apply(&mut state, now, hits);
             prop_assert_eq!(d.allowed, model.allows(now, hits));
             if d.allowed && hits > 0 {
-                model.hist.push((now, hits));
+                model.hist.push((now, i128::from(hits)));
             }
             let rem = d.remaining;
             prop_assert!(rem == 0 || model.allows(now, rem), "remaining {} not admissible", rem);

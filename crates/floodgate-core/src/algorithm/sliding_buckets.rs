@@ -64,6 +64,28 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
     }
 }
 
+/// Give back `hits` from a state brought to now ([`Limit::give_back`]):
+/// the newest bucket first, then the older ones still in the window.
+pub(super) fn give_back(limit: &Limit, granularity: u32, state: &mut State, hits: u64) {
+    let g = u64::from(granularity);
+    // The peek before made the ring (the id given is only for a new one).
+    let ring = state.buckets(granularity as usize, 0);
+    let Some(([last, sum], counts)) = ring.split_first_chunk_mut::<2>() else {
+        unreachable!("the ring has two header words")
+    };
+    let mut left = hits.min(*sum);
+    *sum -= left;
+    for id in ((*last + 1).saturating_sub(g)..=*last).rev() {
+        let c = &mut counts[limit.granularity_div().div_rem(id).1 as usize];
+        let take = left.min(*c);
+        *c -= take;
+        left -= take;
+        if left == 0 {
+            break;
+        }
+    }
+}
+
 /// Give back `hits` admitted at `at`, if its bucket is still in the ring.
 pub(super) fn refund(limit: &Limit, granularity: u32, state: &mut State, at: u64, hits: u64) {
     let bid = limit.bucket_div().div(at);

@@ -55,6 +55,24 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     }
 }
 
+/// Give back `hits` from a state brought to now ([`Limit::give_back`]):
+/// the newest entries first.
+pub(super) fn give_back(state: &mut State, hits: u64) {
+    let log = state.log();
+    let mut left = hits;
+    while left > 0
+        && let Some((_, h)) = log.entries.back_mut()
+    {
+        let take = left.min(*h);
+        *h -= take;
+        log.sum -= take;
+        left -= take;
+        if *h == 0 {
+            log.entries.pop_back();
+        }
+    }
+}
+
 /// Give back `hits` admitted at `at`, now: from the entry that recorded
 /// them, the oldest at or after `at` (a request is logged at `at`, or at the
 /// newest entry's time if the clock had stepped back) — unless it may have

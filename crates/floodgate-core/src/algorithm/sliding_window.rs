@@ -59,6 +59,15 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     Decision::deny(l, remaining(used), reset(*prev, *cur), retry)
 }
 
+/// Give back `hits` from a state brought to now ([`Limit::give_back`]):
+/// the current window's count first, then the previous one's.
+pub(super) fn give_back(state: &mut State, hits: u64) {
+    let (_, prev, cur) = state.sliding();
+    let from_cur = hits.min(*cur);
+    *cur -= from_cur;
+    *prev -= (hits - from_cur).min(*prev);
+}
+
 /// Give back `hits` admitted at `at`: from the current window's count, or
 /// from the previous one's if the window has moved on by one since.
 pub(super) fn refund(limit: &Limit, state: &mut State, at: u64, hits: u64) {

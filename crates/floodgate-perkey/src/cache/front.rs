@@ -99,6 +99,6 @@ mod tests {
 
     #[test]
     fn a_front_is_as_large_as_the_readme_says() {
-        assert_eq!(BYTES, 128 << 10, "README, \"Per-key limits\": the cache and the memory bound");
+        assert_eq!(BYTES, 128 << 10, "docs/per-key.md, \"The cache\" and \"Memory\": the memory bound");
     }
 }

@@ -90,7 +90,7 @@ async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "",
-        "no such endpoint: see the README for /json, /v1/check, /healthz, /readyz, /metrics",
+        "no such endpoint: see docs/service.md (\"The HTTP API\") for /json, /v1/check, /healthz, /readyz, /metrics",
     )
 }
 

@@ -5,7 +5,7 @@
 //!   (`protojson`): camelCase or proto field names, 64-bit integers as
 //!   numbers or strings, enums by name or number, unknown fields rejected,
 //!   zero values left out of the response, durations as `"1.5s"`.
-//! * `POST /v1/check`: a friendlier shape, documented in the README:
+//! * `POST /v1/check`: a friendlier shape, documented in docs/service.md ("The HTTP API"):
 //!   `{"domain": "api", "descriptors": [{"user": "alice"}], "hits": 1}` in,
 //!   `{"allowed": true, "retry_after_ms": null, "descriptors": [...], "headers": {...}}` out.
 
