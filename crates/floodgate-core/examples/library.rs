@@ -11,9 +11,9 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use floodgate_core::MemoryStore;
 use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::{RuleSet, checks_of};
+use floodgate_core::{MemoryStore, Op};
 
 const RULES: &str = "
 domain: api
@@ -33,7 +33,7 @@ async fn decide(rules: &RuleSet, limiter: &Limiter<MemoryStore>, descriptors: &[
     // Every limit that applies, with its counter key (`|_| None`: no
     // descriptor brings limits of its own), each taking one hit.
     let planned = rules.plan("api", descriptors.iter().copied(), |_| None);
-    let checks = checks_of(&planned, |_| 1);
+    let checks = checks_of(&planned, |_| (1, Op::Take));
     let outcome = limiter.check(&checks).await;
     for (check, verdict) in checks.iter().zip(&outcome.verdicts) {
         if let Some(d) = verdict.decision {

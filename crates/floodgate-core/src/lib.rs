@@ -45,4 +45,4 @@ pub use limit::{
 };
 pub use state::State;
 pub use store::memory::{MemoryStore, MemoryStoreBuilder, OnFull};
-pub use store::{Check, Store, StoreError};
+pub use store::{Check, Op, Store, StoreError};

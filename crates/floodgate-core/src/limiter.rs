@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::rules::{FailureMode, Rule};
-use crate::store::Check;
+use crate::store::{Check, Op};
 use crate::{Decision, Limit, MemoryStore, Store, StoreError};
 
 /// One matched rule to decide for a request.
@@ -16,8 +16,10 @@ pub struct RuleCheck<'a> {
     pub key: &'a str,
     /// The rule (its limit, shadow mode and failure policy).
     pub rule: &'a Rule,
-    /// Units to take (0 = peek).
+    /// Units to take (0 = peek), or to give back.
     pub hits: u64,
+    /// Whether the check takes or gives back.
+    pub op: Op,
 }
 
 /// What one rule decided.
@@ -140,7 +142,7 @@ fn store_checks<'a>(checks: &[RuleCheck<'a>]) -> Vec<Check<'a>> {
         .iter()
         .filter_map(|c| {
             let limit = c.rule.limit.as_ref()?;
-            Some(Check { key: c.key, limit, hits: c.hits, enforce: !c.rule.shadow_mode, scope: c.rule.scope })
+            Some(Check { key: c.key, limit, hits: c.hits, op: c.op, enforce: !c.rule.shadow_mode, scope: c.rule.scope })
         })
         .collect()
 }
@@ -186,12 +188,12 @@ impl<S: Store> Limiter<S> {
     /// ```
     /// use floodgate_core::limiter::{Limiter, RuleCheck};
     /// use floodgate_core::rules::RuleSet;
-    /// use floodgate_core::MemoryStore;
+    /// use floodgate_core::{MemoryStore, Op};
     /// let rules = RuleSet::from_yaml("a.yaml", "domain: a\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n").unwrap();
     /// let m = rules.matches("a", &[("user", "alice")]).unwrap();
     /// let key = m.counter_key(0);
     /// let limiter = Limiter::new(MemoryStore::new(), MemoryStore::new());
-    /// let check = [RuleCheck { key: &key, rule: &m.rules[0], hits: 1 }];
+    /// let check = [RuleCheck { key: &key, rule: &m.rules[0], hits: 1, op: Op::Take }];
     /// let first = block_on(limiter.check(&check));
     /// assert!(first.allowed);
     /// assert!(!block_on(limiter.check(&check)).allowed);
@@ -243,6 +245,12 @@ impl<S: Store> Limiter<S> {
 
     fn fail(&self, c: &RuleCheck<'_>, limit: u64, mode: FailureMode) -> Decision {
         let open = Decision { allowed: true, limit, remaining: limit, ..Decision::default() };
+        if c.op == Op::Refund {
+            // A refund the store could not take is lost (the store error is
+            // counted and logged by the caller); it denies nothing, whatever
+            // the rule's policy: the limit stays stricter, never looser.
+            return open;
+        }
         match mode {
             FailureMode::Open => open,
             FailureMode::Closed => Decision { allowed: false, limit, remaining: 0, ..Decision::default() },
@@ -304,7 +312,7 @@ descriptors:
 
     fn check<S: Store>(l: &Limiter<S>, r: &Req<'_>, hits: u64) -> Outcome {
         let checks: Vec<RuleCheck<'_>> =
-            r.keys.iter().zip(&r.rules).map(|(key, rule)| RuleCheck { key, rule, hits }).collect();
+            r.keys.iter().zip(&r.rules).map(|(key, rule)| RuleCheck { key, rule, hits, op: Op::Take }).collect();
         block_on(l.check(&checks))
     }
 

@@ -15,9 +15,9 @@
 
 #![allow(clippy::print_stdout)]
 
-use floodgate_core::MemoryStore;
 use floodgate_core::limiter::Limiter;
 use floodgate_core::rules::{RuleSet, checks_of};
+use floodgate_core::{MemoryStore, Op};
 use floodgate_redis::{RedisConfig, RedisStore};
 
 const RULES: &str = "
@@ -40,7 +40,7 @@ async fn main() -> Result<(), String> {
     // The same request each time: planned once (its counter keys and rules).
     let alice: &[(&str, &str)] = &[("user", "alice")];
     let planned = rules.plan("api", [alice].into_iter(), |_| None);
-    let checks = checks_of(&planned, |_| 1);
+    let checks = checks_of(&planned, |_| (1, Op::Take));
     for i in 1..=4 {
         let outcome = limiter.check(&checks).await;
         let verdict = &outcome.verdicts[0];

@@ -22,7 +22,8 @@
 --              (us), burst or granularity (0 when the algorithm takes
 --              neither), hits (at most capacity + 1: every larger request
 --              is denied alike), and for "apply" 1 when a denial denies the
---              request (0 for a shadow-mode limit), for "refund" the time
+--              request (0 for a shadow-mode limit; 2 for a refund, which
+--              gives `hits` back and answers as a peek), for "refund" the time
 --              the hits were taken; then the scope ('' regional, else a
 --              global check's G:x key, global.lua: named by the caller, as
 --              a string made in Lua costs more than the argument) and for
@@ -178,6 +179,15 @@ while a <= #ARGV do
       local alg, l, w, p, hits, flag = check(a, i)
       local spec, fp, code, x = scope(a, i)
       local allowed, remaining, reset, retry, delay
+      if flag == 2 then
+        -- A refund (Limit::give_back), answered as a peek afterwards. A
+        -- global check gives back this region's own count only.
+        if l > 0 and hits > 0 then
+          alg.give_back(KEYS[k + i], l, w, p, hits, now)
+          if spec then grefund(KEYS[k + i], code, hits, now, spec) end
+        end
+        hits = 0
+      end
       if l == 0 then
         allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
       elseif spec then
@@ -218,7 +228,8 @@ while a <= #ARGV do
       else
         allowed, remaining, reset, retry, delay = alg.apply(KEYS[k + i], l, w, p, hits, now)
       end
-      allowed_at[i] = allowed
+      -- A refund took nothing: nothing to undo.
+      allowed_at[i] = allowed and flag ~= 2
       if not allowed and flag == 1 then denied = true end
       if allowed then out[o + 1] = 1 else out[o + 1] = 0 end
       out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, reset, retry, delay

@@ -4,6 +4,8 @@
 --   allow iff count + hits <= limit (hits = 0: a peek, always allowed).
 -- refund(key, limit, window, _, hits, at, now): give back hits admitted at
 --   `at`, if its window is still the current one.
+-- give_back(key, limit, window, _, hits, now): a refund that names no
+--   request (Limit::give_back): from the current window's count.
 
 ALG.fw = { string = true }
 
@@ -33,6 +35,13 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   -- that steps back later sees what the memory store sees.
   if moved then put(key, until_end, id, 0) end
   return false, math.max(l - seen, 0), reset, retry, 0
+end
+
+function ALG.fw.give_back(key, l, w, p, hits, now)
+  ALG.fw.apply(key, l, w, p, 0, now)
+  local s = numbers(key, 2)
+  -- The state's window is the current one (a clock behind it reads so).
+  if s then ALG.fw.refund(key, l, w, p, hits, math.max(now, s[1] * w), now) end
 end
 
 function ALG.fw.refund(key, l, w, _, hits, at, now)

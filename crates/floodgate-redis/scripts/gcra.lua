@@ -108,3 +108,12 @@ function ALG.gc.refund(key, l, w, _, hits, at, now)
 end
 
 ALG.sh.refund = ALG.gc.refund
+
+-- give_back(key, limit, window, burst, hits, now): a refund that names no
+-- request (Limit::give_back): the TAT moves back by hits intervals, never
+-- past full.
+function ALG.gc.give_back(key, l, w, p, hits, now)
+  ALG.gc.refund(key, l, w, p, hits, now, now)
+end
+
+ALG.sh.give_back = ALG.gc.give_back

@@ -114,6 +114,35 @@ function ALG.sb.apply(key, l, w, g, hits, now)
   return false, math.max(l - sum, 0), reset(counts, sum), retry, 0
 end
 
+-- give_back(key, limit, window, g, hits, now): a refund that names no
+-- request (Limit::give_back): the newest bucket first, then the older ones
+-- still in the window.
+function ALG.sb.give_back(key, l, w, g, hits, now)
+  local size = w / g
+  local bid, sum = sb_load(key, g, divmod(now, size))
+  local left = math.min(hits, sum)
+  if left == 0 then return end
+  local from = math.max(bid + 1 - g, 0)
+  local fields, n = {}, 0
+  for id = bid, from, -1 do
+    n = n + 1
+    fields[n] = int(math.fmod(id, g))
+  end
+  local counts = redis.call('HMGET', key, unpack(fields))
+  local set, m = {}, 0
+  for i = 1, n do
+    local c = tonumber(counts[i]) or 0
+    local take = math.min(left, c)
+    if take > 0 then
+      set[m + 1], set[m + 2] = fields[i], int(c - take)
+      m = m + 2
+      left = left - take
+    end
+    if left == 0 then break end
+  end
+  redis.call('HSET', key, 's', int(sum - math.min(hits, sum)), unpack(set))
+end
+
 function ALG.sb.refund(key, l, w, g, hits, at, now)
   local size = w / g
   local bid = divmod(at, size)

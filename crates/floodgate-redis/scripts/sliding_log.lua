@@ -77,6 +77,33 @@ function ALG.sl.apply(key, l, w, _, hits, now)
   return false, math.max(l - sum, 0), reset(), retry, 0
 end
 
+-- give_back(key, limit, window, _, hits, now): a refund that names no
+-- request (Limit::give_back): the newest entries first.
+function ALG.sl.give_back(key, l, w, p, hits, now)
+  ALG.sl.apply(key, l, w, p, 0, now)
+  local st = redis.call('HMGET', key, 's', 'h', 't')
+  local sum, head, tail = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if not sum then return end
+  local left = math.min(hits, sum)
+  sum = sum - left
+  while left > 0 and tail > head do
+    local t, h = sl_entry(key, tail - 1)
+    local take = math.min(left, h)
+    left = left - take
+    if take == h then
+      redis.call('HDEL', key, int(tail - 1))
+      tail = tail - 1
+    else
+      redis.call('HSET', key, int(tail - 1), int(t) .. ' ' .. int(h - take))
+    end
+  end
+  if tail == head then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 's', int(sum), 't', int(tail))
+  end
+end
+
 function ALG.sl.refund(key, l, w, _, hits, at, now)
   if at + w <= now then return end
   local st = redis.call('HMGET', key, 's', 'h', 't')

@@ -73,6 +73,21 @@ function ALG.sw.apply(key, l, w, _, hits, now)
   return false, math.max(free, 0), reset, retry, 0
 end
 
+-- give_back(key, limit, window, _, hits, now): a refund that names no
+-- request (Limit::give_back): the current count first, then the previous.
+function ALG.sw.give_back(key, l, w, p, hits, now)
+  ALG.sw.apply(key, l, w, p, 0, now)
+  local s = numbers(key, 3)
+  if not s then return end
+  local id, prev, cur = s[1], s[2], s[3]
+  local from_cur = math.min(hits, cur)
+  cur = cur - from_cur
+  prev = prev - math.min(hits - from_cur, prev)
+  local wid, e = divmod(now, w)
+  if wid < id then e = 0 end
+  put(key, sw_reset(w, e, prev, cur), id, prev, cur)
+end
+
 function ALG.sw.refund(key, l, w, _, hits, at, now)
   local s = numbers(key, 3)
   if not s then return end

@@ -3,10 +3,11 @@
 //! one hit on it is answered here, without a Redis call. Only denials are
 //! cached, never an allow, and only for the exact wait the script computed,
 //! measured from when the request was sent (so the entry lapses a round
-//! trip early, never late). One thing can make room sooner: a cross-slot
-//! refund of a request taken before this denial (Redis Cluster, a request
-//! whose limits span slots and were denied elsewhere); until the entry
-//! lapses, that room waits.
+//! trip early, never late). A refund through this instance drops the key's
+//! entry. Two things can make room sooner unseen: a refund through another
+//! instance, and a cross-slot refund of a request taken before this denial
+//! (Redis Cluster, a request whose limits span slots and were denied
+//! elsewhere); until the entry lapses, that room waits.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -50,6 +51,12 @@ impl DeniedCache {
         let elapsed = now.saturating_duration_since(*decided);
         let retry = d.retry_after?.checked_sub(elapsed).filter(|r| !r.is_zero())?;
         Some(Decision { retry_after: Some(retry), reset_after: d.reset_after.saturating_sub(elapsed), ..*d })
+    }
+
+    /// Forget `key`'s denial (a refund made room).
+    pub(crate) fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        shard.remove(key);
     }
 
     /// Remember a denial of one hit decided at `now`.

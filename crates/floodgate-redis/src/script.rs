@@ -182,8 +182,15 @@ impl CheckArgs {
             limit: c.limit.limit(),
             window: c.limit.window_us(),
             param,
-            hits: c.hits.min(c.limit.capacity() + 1),
+            // A refund gives back up to 2^53 - 1 (`Limit::give_back`).
+            hits: if c.op == floodgate_core::Op::Refund {
+                c.hits.min(floodgate_core::MAX_LIMIT)
+            } else {
+                c.hits.min(c.limit.capacity() + 1)
+            },
             flag: match op {
+                // 2: a refund (`entry.lua`), which never denies.
+                Op::Apply if c.op == floodgate_core::Op::Refund => 2,
                 Op::Apply => u64::from(c.enforce),
                 Op::Refund(at) => at,
             },

@@ -1,14 +1,14 @@
 //! One conformance suite, run unchanged over the in-memory store, one Redis
 //! server and a Redis Cluster: random traces of multi-limit requests (every
 //! algorithm, edge-sized limits and windows, weighted hits, peeks, shadow
-//! limits, repeated keys, a clock that steps back) must get exactly the
-//! decisions of a reference model built from the pure algorithms.
+//! limits, refunds, repeated keys, a clock that steps back) must get exactly
+//! the decisions of a reference model built from the pure algorithms.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use floodgate_core::{Algorithm, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, State, StoreError};
+use floodgate_core::{Algorithm, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, Op, State, StoreError};
 use floodgate_redis::{RedisConfig, RedisStore, join_all};
 use floodgate_testing::{RedisCluster, RedisServer};
 
@@ -45,15 +45,18 @@ impl Model {
             let id = (c.key.to_owned(), c.limit.fingerprint());
             let existed = self.0.contains_key(&id);
             let s = self.0.entry(id.clone()).or_default();
-            let d = c.limit.apply(s, now, c.hits);
-            if !existed && (!d.allowed || c.hits == 0) {
+            let d = match c.op {
+                Op::Take => c.limit.apply(s, now, c.hits),
+                Op::Refund => c.limit.give_back(s, now, c.hits),
+            };
+            if !existed && (!d.allowed || c.hits == 0 || c.op == Op::Refund) {
                 self.0.remove(&id);
             }
             out.push(d);
         }
         if checks.iter().zip(&out).any(|(c, d)| c.enforce && !d.allowed) {
             for (c, d) in checks.iter().zip(&out) {
-                if d.allowed && c.hits > 0 {
+                if d.allowed && c.hits > 0 && c.op == Op::Take {
                     let s = self.0.get_mut(&(c.key.to_owned(), c.limit.fingerprint())).unwrap();
                     c.limit.refund(s, now, now, c.hits);
                 }
@@ -138,7 +141,7 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                 _ => now + rng.below(YEAR / 4),
             };
             let n = 1 + rng.below(3) as usize;
-            let picks: Vec<(usize, usize, u64, bool)> = (0..n)
+            let picks: Vec<(usize, usize, u64, bool, Op)> = (0..n)
                 .map(|_| {
                     let li = rng.below(limits.len() as u64) as usize;
                     let ki = rng.below(keys.len() as u64) as usize;
@@ -152,15 +155,17 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                         5 => rng.below(cap.max(1)),
                         _ => 1,
                     };
-                    (li, ki, hits, rng.below(5) != 0)
+                    let op = if rng.below(8) == 0 { Op::Refund } else { Op::Take };
+                    (li, ki, hits, rng.below(5) != 0, op)
                 })
                 .collect();
             let checks: Vec<Check<'_>> = picks
                 .iter()
-                .map(|&(li, ki, hits, enforce)| Check {
+                .map(|&(li, ki, hits, enforce, op)| Check {
                     key: &keys[ki][li],
                     limit: &limits[li],
                     hits,
+                    op,
                     enforce,
                     scope: floodgate_core::region::Scope::Region,
                 })
@@ -172,9 +177,10 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
             if std::env::var_os("FG_TRACE").is_some() {
                 for (c, d) in checks.iter().zip(&got) {
                     eprintln!(
-                        "{step} @{now} {} {:?} hits {} enforce {} -> {} rem {} reset {:?} retry {:?}",
+                        "{step} @{now} {} {:?} {:?} hits {} enforce {} -> {} rem {} reset {:?} retry {:?}",
                         c.key,
                         c.limit.algorithm(),
+                        c.op,
                         c.hits,
                         c.enforce,
                         d.allowed,
@@ -189,11 +195,12 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                     .iter()
                     .map(|c| {
                         format!(
-                            "{} {:?} limit {} window {:?} hits {} enforce {}",
+                            "{} {:?} limit {} window {:?} {:?} hits {} enforce {}",
                             c.key,
                             c.limit.algorithm(),
                             c.limit.limit(),
                             c.limit.window(),
+                            c.op,
                             c.hits,
                             c.enforce
                         )

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use floodgate_core::region::{GlobalTable, Region, RegionConfig, Scope, SyncMode};
-use floodgate_core::{Algorithm, Check, Clock, Limit, SystemClock};
+use floodgate_core::{Algorithm, Check, Clock, Limit, Op, SystemClock};
 use floodgate_redis::{RedisConfig, RedisRegion};
 use floodgate_testing::RedisServer;
 
@@ -131,7 +131,7 @@ impl World {
             A => self.a.apply(key, limit, mode, hits, now).unwrap().allowed,
             C => self.c.apply(key, limit, mode, hits, now).unwrap().allowed,
             _ => {
-                let check = Check { key, limit, hits, enforce: true, scope: Scope::Global(mode) };
+                let check = Check { key, limit, hits, op: Op::Take, enforce: true, scope: Scope::Global(mode) };
                 let mut out = Vec::new();
                 self.rt.block_on(floodgate_core::Store::apply_all(self.b.store(), &[check], &mut out));
                 let d = out.pop().unwrap().unwrap();
@@ -153,7 +153,7 @@ impl World {
             A => self.a.apply(key, limit, mode, 0, now).unwrap().remaining,
             C => self.c.apply(key, limit, mode, 0, now).unwrap().remaining,
             _ => {
-                let check = Check { key, limit, hits: 0, enforce: true, scope: Scope::Global(mode) };
+                let check = Check { key, limit, hits: 0, op: Op::Take, enforce: true, scope: Scope::Global(mode) };
                 let mut out = Vec::new();
                 self.rt.block_on(floodgate_core::Store::apply_all(self.b.store(), &[check], &mut out));
                 out.pop().unwrap().unwrap().remaining

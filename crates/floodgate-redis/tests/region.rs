@@ -71,7 +71,8 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
         match *op {
             Op::Decide { dt, hits } => {
                 now += dt;
-                let check = Check { key, limit, hits, enforce: true, scope: Scope::Global(mode) };
+                let check =
+                    Check { key, limit, hits, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(mode) };
                 let mem = t.apply(key, limit, mode, hits, now).unwrap();
                 let mut out = Vec::new();
                 rt.block_on(redis.apply_all_at(&[check], now, &mut out));
@@ -217,7 +218,14 @@ fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
         let (mut mem, mut red) = (0, 0);
         for _ in 0..n {
             mem += u64::from(t.apply("k", limit, mode, 1, now).unwrap().allowed);
-            let check = Check { key: "k", limit, hits: 1, enforce: true, scope: Scope::Global(mode) };
+            let check = Check {
+                key: "k",
+                limit,
+                hits: 1,
+                op: floodgate_core::Op::Take,
+                enforce: true,
+                scope: Scope::Global(mode),
+            };
             let mut out = Vec::new();
             rt.block_on(redis.apply_all_at(&[check], now, &mut out));
             red += u64::from(out.pop().unwrap().unwrap().allowed);
@@ -278,7 +286,14 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
     let now = T0 + 1_000;
     for _ in 0..4 {
-        let check = Check { key: "w", limit: &limit, hits: 1, enforce: true, scope: Scope::Global(mode) };
+        let check = Check {
+            key: "w",
+            limit: &limit,
+            hits: 1,
+            op: floodgate_core::Op::Take,
+            enforce: true,
+            scope: Scope::Global(mode),
+        };
         let mut out = Vec::new();
         rt.block_on(redis.apply_all_at(&[check], now, &mut out));
         assert!(out.pop().unwrap().unwrap().allowed);
@@ -307,7 +322,14 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     let batch = from_b("w", &limit, fingerprint(&other, mode), now, 3);
     let stats = rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
     assert_eq!((stats.merged, stats.mismatched), (1, 1));
-    let check = Check { key: "w", limit: &limit, hits: 4, enforce: true, scope: Scope::Global(mode) };
+    let check = Check {
+        key: "w",
+        limit: &limit,
+        hits: 4,
+        op: floodgate_core::Op::Take,
+        enforce: true,
+        scope: Scope::Global(mode),
+    };
     let mut out = Vec::new();
     rt.block_on(redis.apply_all_at(&[check], now, &mut out));
     let d = out.pop().unwrap().unwrap();
@@ -338,7 +360,14 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         deaths.learn(2, 21, T0);
         let decide = |hits: u64, now: u64| {
             let mem = t.apply("k", limit, bounded, hits, now).unwrap();
-            let check = Check { key: "k", limit, hits, enforce: true, scope: Scope::Global(bounded) };
+            let check = Check {
+                key: "k",
+                limit,
+                hits,
+                op: floodgate_core::Op::Take,
+                enforce: true,
+                scope: Scope::Global(bounded),
+            };
             let mut out = Vec::new();
             rt.block_on(redis.apply_all_at(&[check], now, &mut out));
             let red = out.pop().unwrap().unwrap();
@@ -366,7 +395,14 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         // A new incarnation of this region: not recorded by its peers yet.
         recorded.store(false, std::sync::atomic::Ordering::Release);
         let fresh = table_with(|cfg| cfg.incarnation = INC_A + 1, false);
-        let check = Check { key: "k2", limit, hits: 1, enforce: true, scope: Scope::Global(bounded) };
+        let check = Check {
+            key: "k2",
+            limit,
+            hits: 1,
+            op: floodgate_core::Op::Take,
+            enforce: true,
+            scope: Scope::Global(bounded),
+        };
         let mut out = Vec::new();
         rt.block_on(redis.apply_all_at(&[check], now + 2_000_000, &mut out));
         let red = out.pop().unwrap().unwrap();
@@ -380,7 +416,8 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         cold_until.store(at + 1_000_000, std::sync::atomic::Ordering::Release);
         let cold = GlobalTable::new(RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A + 2)).unwrap();
         let e = SyncMode::Eventual;
-        let check = Check { key: "k3", limit, hits: 1, enforce: true, scope: Scope::Global(e) };
+        let check =
+            Check { key: "k3", limit, hits: 1, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(e) };
         let mut out = Vec::new();
         rt.block_on(redis.apply_all_at(&[check], at, &mut out));
         let red = out.pop().unwrap().unwrap();
@@ -437,7 +474,14 @@ fn a_recorded_window_key_is_read_without_the_script_until_its_record_is_due() {
     let mode = SyncMode::Eventual;
     let limit = Limit::new(Algorithm::SlidingWindow, 100, Duration::from_secs(3_600)).unwrap();
     let now = T0 + 1_000;
-    let check = Check { key: "v", limit: &limit, hits: 3, enforce: true, scope: Scope::Global(mode) };
+    let check = Check {
+        key: "v",
+        limit: &limit,
+        hits: 3,
+        op: floodgate_core::Op::Take,
+        enforce: true,
+        scope: Scope::Global(mode),
+    };
     let mut out = Vec::new();
     rt.block_on(redis.apply_all_at(&[check], now, &mut out));
     assert!(out.pop().unwrap().unwrap().allowed);

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use floodgate_core::StoreError;
 use floodgate_core::limiter::Verdict;
 use floodgate_core::rules::{FailureMode, Rule};
+use floodgate_core::{Op, StoreError};
 use serde_json::{Value, json};
 
 use crate::dashboard::{Dashboard, KeyRef, RuleWatch, SERIES};
@@ -75,6 +75,8 @@ struct RuleCounters {
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
     failed_local: AtomicU64,
+    /// Refunds (hits given back; not decisions of traffic).
+    refund: AtomicU64,
     /// The dashboard's data for this rule.
     watch: RuleWatch,
 }
@@ -179,7 +181,7 @@ impl Metrics {
 
     /// Count one rule's verdict in `domain`, of `hits` for `key` (the
     /// dashboard's top keys).
-    pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict, key: KeyRef<'_>, hits: u64) {
+    pub fn verdict(&self, domain: &str, rule: &Rule, v: &Verdict, key: KeyRef<'_>, hits: u64, op: Op) {
         if let Some((e, _)) = &v.failure {
             let kind = match e {
                 StoreError::Full { .. } => 0,
@@ -196,6 +198,11 @@ impl Metrics {
             let mut map = self.rules.write().unwrap_or_else(PoisonError::into_inner);
             map.entry(domain.to_owned()).or_default().entry(label.to_owned()).or_default().clone()
         });
+        if op == Op::Refund {
+            // Not traffic: counted apart, and not in the dashboard's data.
+            c.refund.fetch_add(1, Relaxed);
+            return;
+        }
         let slot = match (&v.failure, v.decision) {
             (Some((_, FailureMode::Open)), _) => &c.failed_open,
             (Some((_, FailureMode::Closed)), _) => &c.failed_closed,
@@ -272,6 +279,7 @@ impl Metrics {
                     ("failed_open", &c.failed_open),
                     ("failed_closed", &c.failed_closed),
                     ("failed_local", &c.failed_local),
+                    ("refund", &c.refund),
                 ];
                 for (name, v) in results {
                     let _ = writeln!(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
-use floodgate_core::{Algorithm, Answer, Decision, Limit, Store};
+use floodgate_core::{Algorithm, Answer, Decision, Limit, Op, Store};
 
 use crate::dashboard::KeyRef;
 use crate::metrics::{Metrics, Protocol};
@@ -41,6 +41,9 @@ pub struct Descriptor {
     pub entries: Vec<(String, String)>,
     /// Hits for this descriptor, used as is when set (0 = check only).
     pub hits_addend: Option<u64>,
+    /// The hits are given back, not taken (envoy's `is_negative_hits`, a
+    /// negative `hits` on `/v1/check`): a refund ([`Op::Refund`]).
+    pub refund: bool,
     /// A limit carried by the request itself (envoy's descriptor `limit`),
     /// used instead of the rules' when the domain exists.
     pub limit: Option<LimitOverride>,
@@ -243,7 +246,7 @@ impl<S: Store> Service<S> {
     ) -> Decided {
         for ((d, _, _), (check, verdict)) in planned.iter().zip(checks.iter().zip(&outcome.verdicts)) {
             let key = KeyRef { counter_key: check.key, entries: &req.descriptors[*d].entries };
-            self.metrics.verdict(&req.domain, check.rule, verdict, key, check.hits);
+            self.metrics.verdict(&req.domain, check.rule, verdict, key, check.hits, check.op);
         }
         // `plan` lists each descriptor's checks together, in descriptor order.
         let statuses = (0..req.descriptors.len())
@@ -261,10 +264,14 @@ impl<S: Store> Service<S> {
     }
 }
 
-/// The checks of the planned limits, each with its descriptor's hits.
+/// The checks of the planned limits, each with its descriptor's hits,
+/// taken or (a refund) given back.
 fn checks_of<'a>(req: &Request, planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
     let default_hits = req.hits_addend.max(1);
-    rules::checks_of(planned, |d| req.descriptors[d].hits_addend.unwrap_or(default_hits))
+    rules::checks_of(planned, |d| {
+        let d = &req.descriptors[d];
+        (d.hits_addend.unwrap_or(default_hits), if d.refund { Op::Refund } else { Op::Take })
+    })
 }
 
 /// What a request's descriptors resolve against: the rules in use, the

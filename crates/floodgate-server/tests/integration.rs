@@ -3,5 +3,6 @@
 //! the service.
 
 mod perkey;
+mod refunds;
 mod reload;
 mod server;

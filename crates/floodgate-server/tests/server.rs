@@ -44,9 +44,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 "#;
 
-struct Server {
-    grpc: SocketAddr,
-    http: SocketAddr,
+pub(crate) struct Server {
+    pub(crate) grpc: SocketAddr,
+    pub(crate) http: SocketAddr,
     admin: SocketAddr,
     dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
@@ -54,7 +54,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start(name: &str, token: Option<&str>) -> Server {
+    pub(crate) async fn start(name: &str, token: Option<&str>) -> Server {
         Self::start_with(name, token, 0).await
     }
 
@@ -66,7 +66,7 @@ impl Server {
         .await
     }
 
-    async fn start_config(name: &str, f: impl FnOnce(&mut Config)) -> Server {
+    pub(crate) async fn start_config(name: &str, f: impl FnOnce(&mut Config)) -> Server {
         let dir = TempDir::new(name);
         dir.write("rules/api.yaml", RULES);
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -95,28 +95,28 @@ impl Server {
         Server { grpc, http, admin, dir, stop: Some(tx), task }
     }
 
-    async fn grpc(&self) -> RateLimitServiceClient<Channel> {
+    pub(crate) async fn grpc(&self) -> RateLimitServiceClient<Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc)).await.unwrap()
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         tokio::time::timeout(Duration::from_secs(10), &mut self.task).await.expect("stops within 10 s").unwrap();
     }
 }
 
-fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
         ..Default::default()
     }
 }
 
-fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+pub(crate) fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
     RateLimitRequest { domain: domain.into(), descriptors, hits_addend: hits }
 }
 
-async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
+pub(crate) async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
     c.should_rate_limit(r).await.unwrap().into_inner()
 }
 
@@ -126,12 +126,18 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 
 type Http = Client<HttpConnector, Full<Bytes>>;
 
-fn http() -> Http {
+pub(crate) fn http() -> Http {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
 /// One HTTP call: status, headers, body as JSON (or a JSON string of the text).
-async fn call(c: &Http, method: &str, url: String, body: &str, auth: Option<&str>) -> (u16, hyper::HeaderMap, Value) {
+pub(crate) async fn call(
+    c: &Http,
+    method: &str,
+    url: String,
+    body: &str,
+    auth: Option<&str>,
+) -> (u16, hyper::HeaderMap, Value) {
     let mut b = hyper::Request::builder().method(method).uri(url).header("content-type", "application/json");
     if let Some(t) = auth {
         b = b.header("authorization", format!("Bearer {t}"));
@@ -285,7 +291,9 @@ async fn json_endpoints_and_bad_input() {
         ("/json", r#"{"descriptors":[{"entries":[{"key":"user","value":"x"}]}]}"#, 400, "domain"),
         ("/json", r#"{"domain":"api"}"#, 400, "descriptors"),
         ("/v1/check", r#"{"domain":"api","descriptors":[["user","x"]]}"#, 400, "descriptors[0]"),
-        ("/v1/check", r#"{"domain":"api","descriptors":[{"user":"x"}],"hits":-1}"#, 400, "hits"),
+        // (A negative `hits` is a refund since issue 46: see refunds.rs.)
+        ("/v1/check", r#"{"domain":"api","descriptors":[{"user":"x"}],"hits":1.5}"#, 400, "hits"),
+        ("/v1/check", r#"{"domain":"api","descriptors":[{"user":"x"}],"hits":-9007199254740992}"#, 400, "hits"),
         ("/v1/check", r#"{"descriptors":[]}"#, 400, ""),
     ];
     for (path, body, status, field) in cases {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
 use floodgate_core::rules::{self, Planned, Rule, RuleSet};
-use floodgate_core::{Decision, Limit, MemoryStore, Store, StoreError};
+use floodgate_core::{Decision, Limit, MemoryStore, Op, Store, StoreError};
 use http::HeaderName;
 
 use crate::descriptors::{self, DescriptorError, RequestFacts};
@@ -111,7 +111,7 @@ impl<S: Store> RulesDecider<S> {
 
 /// Every planned limit takes one hit.
 fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
-    rules::checks_of(planned, |_| 1)
+    rules::checks_of(planned, |_| (1, Op::Take))
 }
 
 impl<S: Store + 'static> Decide for RulesDecider<S> {
@@ -332,7 +332,7 @@ impl<S: Store> KeyedLimit<S> {
             None => self.key.of(facts, &mut text, ip_text).ok().flatten().map(Cow::into_owned).unwrap_or_default(),
         };
         let key = key_text(&key);
-        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1 };
+        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1, op: Op::Take };
         answer_of_one(&check, &self.limiter.verdict(&check, Err(error)))
     }
 

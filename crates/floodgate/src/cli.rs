@@ -308,6 +308,11 @@ pub(crate) struct BenchArgs {
     /// The descriptor key sent; its value is the key number.
     #[arg(long, default_value = "user")]
     pub(crate) key: String,
+    /// Send refunds: every request gives its hit back (`is_negative_hits`
+    /// over gRPC and /json), to measure what a refund costs beside a
+    /// decision.
+    #[arg(long)]
+    pub(crate) refund: bool,
     /// The seed of the keys drawn: one seed draws the same keys in the same
     /// order every run (give each run its own to load a server whose cache
     /// is already warm with new draws).

@@ -433,7 +433,7 @@ fn anchors(md: &str) -> Vec<String> {
             continue;
         }
         let a = anchor(h);
-        let n = seen.iter().filter(|s| **s == a || s.strip_prefix(a.as_str()).is_some_and(|r| is_suffix(r))).count();
+        let n = seen.iter().filter(|s| **s == a || s.strip_prefix(a.as_str()).is_some_and(is_suffix)).count();
         seen.push(if n == 0 { a } else { format!("{a}-{n}") });
     }
     seen

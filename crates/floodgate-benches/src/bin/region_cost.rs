@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_core::region::{Scope, SyncMode};
-use floodgate_core::{Algorithm, Check, Limit, Store};
+use floodgate_core::{Algorithm, Check, Limit, Op, Store};
 use floodgate_redis::{RedisConfig, RedisStore, RegionCtx};
 use floodgate_testing::RedisServer;
 
@@ -67,7 +67,7 @@ async fn main() {
                         x ^= x >> 7;
                         x ^= x << 17;
                         let key = format!("5:bench4:user{}:{}", (x % keys).to_string().len(), x % keys);
-                        let check = [Check { key: &key, limit: &limit, hits: 1, enforce: true, scope }];
+                        let check = [Check { key: &key, limit: &limit, hits: 1, op: Op::Take, enforce: true, scope }];
                         store.apply_all(&check, &mut out).await;
                     }
                 }));

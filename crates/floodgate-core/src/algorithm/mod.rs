@@ -128,7 +128,11 @@ impl Limit {
     /// assert!(after.allowed);
     /// assert_eq!(after.remaining, 3);
     /// ```
+    ///
+    /// At most [`MAX_LIMIT`](crate::MAX_LIMIT) is given back at once (every
+    /// store counts exactly up to it; a larger refund gives back as much).
     pub fn give_back(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+        let hits = hits.min(crate::MAX_LIMIT);
         // A peek first brings the state to `now` (what left the window is
         // dropped), so what is given back is what still counts.
         let _ = self.apply(state, now_us, 0);

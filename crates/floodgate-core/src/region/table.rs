@@ -17,7 +17,7 @@ use crate::region::{
     BatchHead, BatchSink, Items, Lazy, LinkStats, Links, Receipt, Region, RegionConfig, RegionConfigError, Scope,
     SyncMode,
 };
-use crate::store::OwnedKey;
+use crate::store::{Op, OwnedKey};
 use crate::{Decision, Limit, StoreError};
 use foldhash::SharedSeed;
 use foldhash::fast::SeedableRandomState;
@@ -729,26 +729,26 @@ impl GlobalTable {
         now: u64,
         out: &mut Vec<Result<Decision, StoreError>>,
     ) {
-        out.clear();
-        let mut denied = false;
-        for c in checks {
-            let r = match c.scope {
-                Scope::Global(mode) => self.apply(c.key, c.limit, mode, c.hits, now),
-                Scope::Region => store.apply_at(c.key, c.limit, c.hits, now),
-            };
-            denied |= c.enforce && r.as_ref().is_ok_and(|d| !d.allowed);
-            out.push(r);
-        }
-        if denied {
-            for (c, r) in checks.iter().zip(out.iter()) {
-                if c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
-                    match c.scope {
-                        Scope::Global(_) => self.refund(c.key, c.hits, now, now),
-                        Scope::Region => store.refund_at(c.key, c.limit, c.hits, now, now),
-                    }
+        crate::store::all_or_nothing(
+            checks,
+            out,
+            |c| match (c.scope, c.op) {
+                (Scope::Global(mode), Op::Take) => self.apply(c.key, c.limit, mode, c.hits, now),
+                // A refund of a global limit gives back this region's own
+                // count (see `Entry::refund`): the regions that heard the
+                // hits keep them until their slot ends.
+                (Scope::Global(mode), Op::Refund) => {
+                    self.refund(c.key, c.hits, now, now);
+                    self.apply(c.key, c.limit, mode, 0, now)
                 }
-            }
-        }
+                (Scope::Region, Op::Take) => store.apply_at(c.key, c.limit, c.hits, now),
+                (Scope::Region, Op::Refund) => Ok(store.give_back_at(c.key, c.limit, c.hits, now)),
+            },
+            |c| match c.scope {
+                Scope::Global(_) => self.refund(c.key, c.hits, now, now),
+                Scope::Region => store.refund_at(c.key, c.limit, c.hits, now, now),
+            },
+        );
     }
 }
 

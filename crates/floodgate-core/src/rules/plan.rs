@@ -5,6 +5,7 @@
 use super::matcher::limit_key;
 use super::{Rule, RuleSet};
 use crate::limiter::RuleCheck;
+use crate::store::Op;
 
 /// One limit of a plan: the descriptor it applies to (its index in the
 /// request), its counter key, and its rule.
@@ -46,7 +47,14 @@ impl RuleSet {
     }
 }
 
-/// The checks of a plan's limits, each taking `hits(descriptor)`.
-pub fn checks_of<'a>(planned: &'a [Planned<'a>], hits: impl Fn(usize) -> u64) -> Vec<RuleCheck<'a>> {
-    planned.iter().map(|(d, key, rule)| RuleCheck { key, rule, hits: hits(*d) }).collect()
+/// The checks of a plan's limits, each taking (or giving back) what
+/// `hits(descriptor)` says.
+pub fn checks_of<'a>(planned: &'a [Planned<'a>], hits: impl Fn(usize) -> (u64, Op)) -> Vec<RuleCheck<'a>> {
+    planned
+        .iter()
+        .map(|(d, key, rule)| {
+            let (hits, op) = hits(*d);
+            RuleCheck { key, rule, hits, op }
+        })
+        .collect()
 }

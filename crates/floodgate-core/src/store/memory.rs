@@ -33,7 +33,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::key::{Probe, StoredKey};
 use super::table::Table;
 
-use super::Check;
+use super::{Check, Op, all_or_nothing};
 use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
 
 /// Default bound on the number of keys: 2^21 (about 2.1 million).
@@ -263,22 +263,32 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// A refund of `hits` for `key` at `now_us` ([`Limit::give_back`]),
+    /// answered as a peek afterwards. A key the store does not hold (never
+    /// written, expired, or written since by another limit) has nothing to
+    /// give back: its answer is the empty state's.
+    pub fn give_back_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Decision {
+        let key = key.as_bytes();
+        let hash = self.hasher.hash_one(key);
+        let probe = Probe::new(key, hash);
+        let mut shard = self.lock(hash);
+        match slot_of(&mut shard, hash, &probe, limit) {
+            Some(slot) => limit.give_back(&mut slot.state, now_us, hits),
+            None => limit.apply(&mut State::new(), now_us, 0),
+        }
+    }
+
     /// [`Store::apply_all`] at an explicit time.
     pub fn apply_all_at(&self, checks: &[Check<'_>], now_us: u64, out: &mut Vec<Result<Decision, StoreError>>) {
-        out.clear();
-        let mut denied = false;
-        for c in checks {
-            let r = self.apply_at(c.key, c.limit, c.hits, now_us);
-            denied |= c.enforce && r.as_ref().is_ok_and(|d| !d.allowed);
-            out.push(r);
-        }
-        if denied {
-            for (c, r) in checks.iter().zip(out.iter()) {
-                if c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
-                    self.refund_at(c.key, c.limit, c.hits, now_us, now_us);
-                }
-            }
-        }
+        all_or_nothing(
+            checks,
+            out,
+            |c| match c.op {
+                Op::Take => self.apply_at(c.key, c.limit, c.hits, now_us),
+                Op::Refund => Ok(self.give_back_at(c.key, c.limit, c.hits, now_us)),
+            },
+            |c| self.refund_at(c.key, c.limit, c.hits, now_us, now_us),
+        );
     }
 
     /// Drop every expired key now (e.g. from a periodic task); returns how

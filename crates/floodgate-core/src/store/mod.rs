@@ -102,13 +102,55 @@ pub struct Check<'a> {
     pub key: &'a str,
     /// The limit.
     pub limit: &'a Limit,
-    /// Units to take (0 = peek).
+    /// Units to take (0 = peek), or to give back.
     pub hits: u64,
+    /// Whether the check takes or gives back.
+    pub op: Op,
     /// Whether a denial of this limit denies the request.
     pub enforce: bool,
     /// Which regions share the limit: a store that is not a region's (or
     /// knows no peers) decides a `global` check as a regional one.
     pub scope: crate::region::Scope,
+}
+
+/// Decide one request's `checks` **all or nothing** into `out` (cleared
+/// first): `decide` answers each check in order; when an enforced check
+/// that takes is denied, `undo` gives back each check that took hits (a
+/// refund took nothing, so it stays). Shared by the stores that decide in
+/// this process (the in-memory store, a memory region's table).
+pub(crate) fn all_or_nothing(
+    checks: &[Check<'_>],
+    out: &mut Vec<Result<Decision, StoreError>>,
+    mut decide: impl FnMut(&Check<'_>) -> Result<Decision, StoreError>,
+    mut undo: impl FnMut(&Check<'_>),
+) {
+    out.clear();
+    let mut denied = false;
+    for c in checks {
+        let r = decide(c);
+        denied |= c.enforce && r.as_ref().is_ok_and(|d| !d.allowed);
+        out.push(r);
+    }
+    if denied {
+        for (c, r) in checks.iter().zip(out.iter()) {
+            if c.op == Op::Take && c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
+                undo(c);
+            }
+        }
+    }
+}
+
+/// What a check does to its limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Op {
+    /// Take `hits` if they fit (0: a peek, which takes nothing). A request
+    /// takes all its checks' hits or none.
+    #[default]
+    Take,
+    /// A refund: give `hits` back ([`Limit::give_back`]). Always allowed,
+    /// never denies its request, and given back whatever the request's
+    /// other checks decide (it takes nothing, so there is nothing to undo).
+    Refund,
 }
 
 /// A store could not decide. A denial is not an error: it is a [`Decision`].

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
-use floodgate_core::{Check, Decision, StoreError};
+use floodgate_core::{Check, Decision, Op as CoreOp, StoreError};
 use redis::cluster_routing::Slot;
 use tokio::sync::{mpsc, oneshot};
 
@@ -167,8 +167,11 @@ impl RedisStore {
         // Every check a one-hit request on a key known to be over its limit:
         // answer here.
         if cache {
-            let cached: Option<Vec<Decision>> =
-                keys.iter().zip(checks).map(|(k, c)| if c.hits == 1 { i.denied.get(k, sent) } else { None }).collect();
+            let cached: Option<Vec<Decision>> = keys
+                .iter()
+                .zip(checks)
+                .map(|(k, c)| if c.hits == 1 && c.op == CoreOp::Take { i.denied.get(k, sent) } else { None })
+                .collect();
             if let Some(cached) = cached {
                 i.cached_denials.fetch_add(1, Ordering::Relaxed);
                 out.extend(cached.into_iter().map(Ok));
@@ -176,6 +179,13 @@ impl RedisStore {
             }
         }
 
+        if cache {
+            for (k, c) in keys.iter().zip(checks) {
+                if c.op == CoreOp::Refund {
+                    i.denied.forget(k);
+                }
+            }
+        }
         let groups = self.groups(&keys);
         let replies = if matches!(i.client, Client::Single(_)) {
             let refs: Vec<&Check<'_>> = checks.iter().collect();
@@ -245,7 +255,7 @@ impl RedisStore {
                 let (ks, cs): (Vec<String>, Vec<&Check<'_>>) = g
                     .iter()
                     .zip(&r.decisions)
-                    .filter(|&(&j, d)| d.allowed && checks[j].hits > 0)
+                    .filter(|&(&j, d)| d.allowed && checks[j].hits > 0 && checks[j].op == CoreOp::Take)
                     .map(|(&j, _)| (keys[j].clone(), &checks[j]))
                     .unzip();
                 (!cs.is_empty()).then_some((ks, cs, r.now_us))

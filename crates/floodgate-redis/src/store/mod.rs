@@ -524,7 +524,8 @@ impl Store for RedisStore {
     async fn apply(&self, key: &str, limit: &Limit, hits: u64) -> Result<Decision, StoreError> {
         let mut out = Vec::with_capacity(1);
         let scope = floodgate_core::region::Scope::Region;
-        self.decide(&[Check { key, limit, hits, enforce: true, scope }], None, &mut out).await;
+        self.decide(&[Check { key, limit, hits, op: floodgate_core::Op::Take, enforce: true, scope }], None, &mut out)
+            .await;
         out.pop().unwrap_or_else(|| Err(StoreError::Unavailable("no answer".to_owned())))
     }
 

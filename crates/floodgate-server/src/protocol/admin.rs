@@ -407,6 +407,7 @@ async fn counters<S: Backend>(
         descriptors: vec![Descriptor {
             entries: d.descriptor.into_iter().map(|e| (e.key, e.value)).collect(),
             hits_addend: Some(0),
+            refund: false,
             limit: None,
         }],
     };

@@ -60,9 +60,8 @@ pub fn from_proto(r: RateLimitRequest) -> Request {
 fn descriptor_from_proto(d: RateLimitDescriptor) -> Descriptor {
     Descriptor {
         entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-        // A negative-hits descriptor gives hits back in envoy; floodgate
-        // refunds only within one request, so it is a check only here.
-        hits_addend: if d.is_negative_hits { Some(0) } else { d.hits_addend.map(|h| h.value) },
+        hits_addend: d.hits_addend.map(|h| h.value),
+        refund: d.is_negative_hits,
         limit: d.limit.and_then(|l| {
             let unit = unit_from_proto(l.unit)?;
             Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit })

@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 
 use crate::protocol::grpc::unit_from_proto;
 use crate::service::{Decided, Descriptor, LimitOverride, Request};
+use floodgate_core::MAX_LIMIT;
 use floodgate_core::headers::HeaderMode;
 
 /// A body that is not a valid request: the field path and what is wrong.
@@ -102,7 +103,8 @@ pub fn parse_pb_request(body: &[u8]) -> Result<Request, BadRequest> {
             .into_iter()
             .map(|d| Descriptor {
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-                hits_addend: if d.is_negative_hits { Some(0) } else { d.hits_addend },
+                hits_addend: d.hits_addend,
+                refund: d.is_negative_hits,
                 limit: d.limit.and_then(|l| {
                     Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? })
                 }),
@@ -220,8 +222,9 @@ fn pj_unit<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 struct CheckRequest {
     domain: String,
     descriptors: Vec<Entries>,
+    /// Units to take; 0 a peek; negative a refund of that many.
     #[serde(default)]
-    hits: Option<u64>,
+    hits: Option<i64>,
 }
 
 /// A JSON object read as ordered `(key, value)` entries (document order:
@@ -254,13 +257,24 @@ impl<'de> Deserialize<'de> for Entries {
 /// Parse a `/v1/check` body.
 pub fn parse_check_request(body: &[u8]) -> Result<Request, BadRequest> {
     let r: CheckRequest = parse(body)?;
+    let hits = r.hits.unwrap_or(1);
+    let amount = hits.unsigned_abs();
+    if amount > MAX_LIMIT {
+        return Err(BadRequest {
+            field: "hits".into(),
+            message: format!(
+                "{hits} is out of range: send a whole number from -{MAX_LIMIT} to {MAX_LIMIT} (2^53 - 1, the largest \
+                 count every store keeps exactly); a negative number gives that many back"
+            ),
+        });
+    }
     Ok(Request {
         domain: r.domain,
-        hits_addend: r.hits.unwrap_or(1),
+        hits_addend: amount,
         descriptors: r
             .descriptors
             .into_iter()
-            .map(|e| Descriptor { entries: e.0, hits_addend: Some(r.hits.unwrap_or(1)), limit: None })
+            .map(|e| Descriptor { entries: e.0, hits_addend: Some(amount), refund: hits < 0, limit: None })
             .collect(),
     })
 }

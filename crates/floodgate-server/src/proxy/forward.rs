@@ -176,7 +176,7 @@ impl<S: Store> ServiceDecider<S> {
             domain: self.domain.clone(),
             descriptors: descriptors
                 .into_iter()
-                .map(|entries| Descriptor { entries, hits_addend: None, limit: None })
+                .map(|entries| Descriptor { entries, hits_addend: None, refund: false, limit: None })
                 .collect(),
             hits_addend: 1,
         }))

@@ -57,13 +57,15 @@ pub(super) struct Target {
     pub(super) authority: String,
     pub(super) domain: String,
     pub(super) key: String,
+    /// Every request gives its hit back (`is_negative_hits`): `--refund`.
+    pub(super) refund: bool,
 }
 
 impl Target {
     /// `--server` as `host:port` or `http://host:port[/]`.
     pub(super) fn parse(server: &str, domain: &str, key: &str) -> Result<Target, Failure> {
         let authority = crate::cli::http_authority("server", server, "127.0.0.1:8081")?;
-        Ok(Target { authority, domain: domain.to_owned(), key: key.to_owned() })
+        Ok(Target { authority, domain: domain.to_owned(), key: key.to_owned(), refund: false })
     }
 
     fn uri(&self, path: &str) -> Uri {
@@ -145,7 +147,7 @@ impl Client {
                 } else {
                     let body = json!({
                         "domain": target.domain,
-                        "descriptors": [{"entries": [{"key": target.key, "value": value}]}],
+                        "descriptors": [{"entries": [{"key": target.key, "value": value}], "isNegativeHits": target.refund}],
                     })
                     .to_string();
                     Request::post(uri.clone())
@@ -245,15 +247,16 @@ fn grpc_status(headers: &HeaderMap) -> Option<i32> {
 }
 
 /// One RLS request as a gRPC message: uncompressed flag, length, protobuf
-/// (`domain`, one descriptor of one entry, `hits_addend: 1`), written
+/// (`domain`, one descriptor of one entry — with `is_negative_hits` for
+/// `--refund` —, `hits_addend: 1`), written
 /// straight into one buffer: the generator's own CPU per request is part
 /// of what a run on a shared machine measures.
 fn grpc_frame(target: &Target, value: &str) -> Bytes {
     let (domain, key) = (target.domain.as_bytes(), target.key.as_bytes());
     // Entry { key = 1, value = 2 }.
     let entry = field_len(1, key.len()) + field_len(2, value.len());
-    // RateLimitDescriptor { entries = 1 }.
-    let descriptor = field_len(1, entry);
+    // RateLimitDescriptor { entries = 1, is_negative_hits = 4 }.
+    let descriptor = field_len(1, entry) + if target.refund { 2 } else { 0 };
     // RateLimitRequest { domain = 1, descriptors = 2, hits_addend = 3 }.
     let message = field_len(1, domain.len()) + field_len(2, descriptor) + 2;
     let mut buf = Vec::with_capacity(5 + message);
@@ -267,6 +270,9 @@ fn grpc_frame(target: &Target, value: &str) -> Bytes {
     buf.extend_from_slice(key);
     put_field(&mut buf, 2, value.len());
     buf.extend_from_slice(value.as_bytes());
+    if target.refund {
+        buf.extend_from_slice(&[4 << 3, 1]);
+    }
     buf.extend_from_slice(&[3 << 3, 1]);
     Bytes::from(buf)
 }
@@ -378,8 +384,11 @@ mod tests {
     #[test]
     fn a_frame_decodes_as_the_request() {
         // Lengths on both sides of a varint's one-byte limit.
-        for (domain, key, value) in [("bench", "user", "42"), ("d", "k", ""), ("x".repeat(200).as_str(), "k", "v")] {
-            let t = Target::parse("h:1", domain, key).unwrap();
+        let long = "x".repeat(200);
+        let cases = [("bench", "user", "42"), ("d", "k", ""), (long.as_str(), "k", "v")];
+        for ((domain, key, value), refund) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+            let mut t = Target::parse("h:1", domain, key).unwrap();
+            t.refund = refund;
             let f = grpc_frame(&t, value);
             let len = u32::from_be_bytes([f[1], f[2], f[3], f[4]]) as usize;
             assert_eq!((f[0], f.len()), (0, 5 + len));
@@ -387,6 +396,7 @@ mod tests {
                 domain: domain.to_owned(),
                 descriptors: vec![RateLimitDescriptor {
                     entries: vec![Entry { key: key.to_owned(), value: value.to_owned() }],
+                    is_negative_hits: refund,
                     ..Default::default()
                 }],
                 hits_addend: 1,

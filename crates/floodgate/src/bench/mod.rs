@@ -98,7 +98,11 @@ impl Plan {
             }
             p => return Err(Failure::usage(format!("--protocol `{p}`: use grpc, json or get"))),
         };
-        let target = Target::parse(&args.server, &args.domain, &args.key)?;
+        let mut target = Target::parse(&args.server, &args.domain, &args.key)?;
+        target.refund = args.refund;
+        if args.refund && matches!(protocol, Protocol::Get(_)) {
+            return Err(Failure::usage("--refund sends is_negative_hits: use --protocol grpc or json".to_owned()));
+        }
         // Every thread gets at least one request in flight and, over gRPC,
         // one connection.
         let mut threads = args.threads.min(args.concurrency);
