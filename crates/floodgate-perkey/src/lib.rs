@@ -127,7 +127,7 @@ const REFRESH_EVERY: Duration = Duration::from_millis(20);
 pub const PER_KEY_LABEL: &str = "per-key";
 /// Memory per answer in the general cache (own limits), its
 /// key included, measured with descriptors like `user=<7 digits>`
-/// (BENCHMARKS.md, "Per-key limits").
+/// (BENCHMARKS.md, "Per-key limits: 10 million entries against none").
 pub const BYTES_PER_ANSWER: usize = 170;
 /// Most answers `--key-cache` may give (the compact table for them is
 /// allocated whole: 64 GiB here).

@@ -256,7 +256,7 @@ mod tests {
     fn the_response_future_is_little_more_than_the_inner_future() {
         // Every caller moves the future at least once; the layer's own rare
         // states are boxed so that an allowed request moves little more
-        // than the inner service's future (BENCHMARKS.md, tower layer).
+        // than the inner service's future (BENCHMARKS.md, "Tower layer vs tower_governor").
         #[derive(Clone)]
         struct Inner;
         impl tower_service::Service<Request<()>> for Inner {
