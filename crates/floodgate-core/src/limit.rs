@@ -10,6 +10,9 @@ use std::time::Duration;
 use crate::duration::HumanDuration;
 use crate::math::Divisor;
 
+/// Mixed into the fingerprint of a limit charged after the work.
+const AFTER_SALT: u32 = 0x6166_7472;
+
 /// Largest `limit` or `burst`: 2^53 − 1. Redis runs its arithmetic in Lua
 /// doubles, exact only below 2^53; one bound for every store keeps a rule set
 /// that is valid on one store valid on all.
@@ -52,6 +55,42 @@ impl FromStr for LeakyMode {
             "meter" => Ok(Self::Meter),
             "shape" => Ok(Self::Shape),
             other => Err(LimitError::UnknownMode(other.to_owned())),
+        }
+    }
+}
+
+/// When a limit's hits are charged: before the work (the request asks, and
+/// is denied when they do not fit), or after it (`charge: after`: the cost
+/// is known only once the work is done — tokens, bytes, rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Charge {
+    /// Hits are taken only if they fit; a denial takes nothing.
+    #[default]
+    Before,
+    /// Hits ≥ 1 are a **late charge**: never denied, always counted, into
+    /// debt beyond the limit if need be (counts saturate at
+    /// [`MAX_LIMIT`]). Hits 0 is the **gate** a request asks at its start:
+    /// denied once nothing is left, debt included.
+    After,
+}
+
+impl Charge {
+    /// The configuration name: `before` or `after`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Before => "before",
+            Self::After => "after",
+        }
+    }
+}
+
+impl FromStr for Charge {
+    type Err = LimitError;
+    fn from_str(s: &str) -> Result<Self, LimitError> {
+        match s {
+            "before" => Ok(Self::Before),
+            "after" => Ok(Self::After),
+            other => Err(LimitError::UnknownCharge(other.to_owned())),
         }
     }
 }
@@ -301,6 +340,14 @@ pub enum LimitError {
     /// An unknown leaky bucket mode.
     #[error("unknown mode `{0}`: use meter or shape")]
     UnknownMode(String),
+    /// An unknown `charge`.
+    #[error("unknown charge `{0}`: use before (the default) or after")]
+    UnknownCharge(String),
+    /// `charge: after` on a `leaky_bucket` shaper.
+    #[error(
+        "charge: after counts work already done, and a shaper delays requests before it: use mode: meter (or another algorithm)"
+    )]
+    ChargeAfterShaper,
 }
 
 /// A validated limit: `limit` units per `window` under `algorithm`.
@@ -330,6 +377,8 @@ pub struct Limit {
     /// `sliding_buckets`: bucket size and granularity (1 otherwise).
     bucket_div: Divisor,
     granularity_div: Divisor,
+    /// When hits are charged ([`Limit::with_charge`]).
+    charge: Charge,
     /// Identifies the parameters: a store that finds state written under
     /// other parameters starts the key fresh.
     fingerprint: u32,
@@ -416,8 +465,42 @@ impl Limit {
             limit_div: Divisor::new(limit.max(1)),
             bucket_div: Divisor::new(window_us / granularity),
             granularity_div: Divisor::new(granularity),
+            charge: Charge::Before,
             fingerprint,
         })
+    }
+
+    /// This limit with its hits charged `charge` ([`Charge`]). A shaper
+    /// (`leaky_bucket`, `mode: shape`) is charged only before.
+    ///
+    /// ```
+    /// use floodgate_core::{Algorithm, Charge, Limit, State};
+    /// use std::time::Duration;
+    /// let l = Limit::new(Algorithm::FixedWindow, 100, Duration::from_secs(60)).unwrap();
+    /// let l = l.with_charge(Charge::After).unwrap();
+    /// let mut s = State::default();
+    /// assert!(l.apply(&mut s, 0, 0).allowed); // the gate: 100 left
+    /// let late = l.apply(&mut s, 1, 250); // the work cost 250: counted
+    /// assert!(late.allowed);
+    /// assert_eq!(late.remaining, 0);
+    /// assert!(!l.apply(&mut s, 2, 0).allowed); // the gate is shut
+    /// ```
+    pub fn with_charge(mut self, charge: Charge) -> Result<Self, LimitError> {
+        if charge == Charge::After && matches!(self.algorithm, Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. }) {
+            return Err(LimitError::ChargeAfterShaper);
+        }
+        if charge != self.charge {
+            // Before keeps the fingerprint every earlier release wrote.
+            let base = if self.charge == Charge::After { self.fingerprint ^ AFTER_SALT } else { self.fingerprint };
+            self.fingerprint = if charge == Charge::After { base ^ AFTER_SALT } else { base };
+            self.charge = charge;
+        }
+        Ok(self)
+    }
+
+    /// When this limit's hits are charged.
+    pub fn charge(&self) -> Charge {
+        self.charge
     }
 
     /// The algorithm and its parameters.
@@ -489,7 +572,8 @@ impl fmt::Display for Limit {
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => write!(f, " burst {}", self.burst),
             Algorithm::LeakyBucket { mode, .. } => write!(f, " burst {} {}", self.burst, mode.as_str()),
             _ => Ok(()),
-        }
+        }?;
+        if self.charge == Charge::After { write!(f, " charged after") } else { Ok(()) }
     }
 }
 

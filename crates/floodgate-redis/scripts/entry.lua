@@ -23,7 +23,10 @@
 --              neither), hits (at most capacity + 1: every larger request
 --              is denied alike), and for "apply" 1 when a denial denies the
 --              request (0 for a shadow-mode limit; 2 for a refund, which
---              gives `hits` back and answers as a peek), for "refund" the time
+--              gives `hits` back and answers as a peek; plus 4 for a limit
+--              charged after the work: hits >= 1 a late charge, never
+--              denied and never undone, hits 0 the gate, denied once a
+--              request of one hit would be), for "refund" the time
 --              the hits were taken; then the scope ('' regional, else a
 --              global check's G:x key, global.lua: named by the caller, as
 --              a string made in Lua costs more than the argument) and for
@@ -179,6 +182,8 @@ while a <= #ARGV do
       local alg, l, w, p, hits, flag = check(a, i)
       local spec, fp, code, x = scope(a, i)
       local allowed, remaining, reset, retry, delay
+      local after = flag >= 4
+      if after then flag = flag - 4 end
       if flag == 2 then
         -- A refund (Limit::give_back), answered as a peek afterwards. A
         -- global check gives back this region's own count only.
@@ -189,7 +194,23 @@ while a <= #ARGV do
         hits = 0
       end
       if l == 0 then
-        allowed, remaining, reset, retry, delay = hits == 0, 0, 0, -1, 0
+        -- No limit: a late charge is taken (nowhere to count it), the
+        -- gate and every other hit denied.
+        allowed, remaining, reset, retry, delay = (hits == 0 and not after) or (after and hits > 0), 0, 0, -1, 0
+      elseif after then
+        -- Charged after the work (regional: the rules refuse it on a
+        -- global limit). FORCE admits a late charge whatever the count.
+        local key = KEYS[k + i]
+        if hits > 0 then
+          FORCE = true
+          allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
+          FORCE = false
+        else
+          allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 0, now)
+          if remaining == 0 then
+            allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 1, now)
+          end
+        end
       elseif spec then
         -- Global: decide over every region's counts, then count and cap.
         -- (A window algorithm's key with no G:x, no slice and no warming
@@ -229,7 +250,7 @@ while a <= #ARGV do
         allowed, remaining, reset, retry, delay = alg.apply(KEYS[k + i], l, w, p, hits, now)
       end
       -- A refund took nothing: nothing to undo.
-      allowed_at[i] = allowed and flag ~= 2
+      allowed_at[i] = allowed and flag ~= 2 and not (after and hits > 0)
       if not allowed and flag == 1 then denied = true end
       if allowed then out[o + 1] = 1 else out[o + 1] = 0 end
       out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, reset, retry, delay

@@ -16,24 +16,38 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   local wid, e = divmod(now, w)
   if wid < id then wid = id; e = 0 end
   local moved = false
-  if wid ~= id then id = wid; count = 0; moved = s ~= nil end
+  if wid ~= id then
+    -- Debt (late charges) carries: a limit's worth paid off per window.
+    count = math.max(count - l * (wid - id), 0)
+    id = wid
+    moved = s ~= nil
+  end
   local until_end = w - e
+  -- Until the count is paid off: this window, one more per limit's worth.
+  -- (At most 2^53 - 1 us, as every wait a store reports.)
+  local function reset_of(c)
+    if c <= 0 then return 0 end
+    return math.min(until_end + divmod(c - 1, l) * w, MAXN)
+  end
   -- Every region's count (global), or this one's.
   local seen = count + remote(id)
-  if hits == 0 or hits <= l - seen then
-    count = count + hits
-    seen = seen + hits
-    if hits > 0 or moved then put(key, until_end, id, count) end
-    local reset = 0
-    if seen > 0 then reset = until_end end
-    return true, math.max(l - seen, 0), reset, -1, 0
+  if hits == 0 or hits <= l - seen or FORCE then
+    local add = math.min(hits, MAXN - count)
+    count = count + add
+    seen = seen + add
+    if add > 0 or moved then put(key, math.max(reset_of(count), until_end), id, count) end
+    return true, math.max(l - seen, 0), reset_of(seen), -1, 0
   end
-  local reset, retry = 0, -1
-  if seen > 0 then reset = until_end end
-  if hits <= l then retry = until_end end
+  local reset, retry = reset_of(seen), -1
+  if hits <= l then
+    -- The least number of windows k with seen - k * limit + hits <= limit:
+    -- ceil((seen + hits - limit) / limit).
+    local k = divmod(seen + hits - 1, l)
+    retry = math.min(until_end + (k - 1) * w, MAXN)
+  end
   -- The window moved on: keep that (it is the same state), so a clock
   -- that steps back later sees what the memory store sees.
-  if moved then put(key, until_end, id, 0) end
+  if moved then put(key, math.max(reset_of(count), until_end), id, count) end
   return false, math.max(l - seen, 0), reset, retry, 0
 end
 
@@ -51,5 +65,8 @@ function ALG.fw.refund(key, l, w, _, hits, at, now)
   if divmod(at, w) ~= id then return end
   count = count - math.min(hits, count)
   local wid, e = divmod(math.max(now, at), w)
-  put(key, (id - wid) * w + w - e, id, count)
+  local ttl = (id - wid) * w + w - e
+  -- Debt still to pay off keeps the key for the windows it takes.
+  if count > l then ttl = math.min(ttl + divmod(count - 1, l) * w, MAXN) end
+  put(key, ttl, id, count)
 end

@@ -59,12 +59,17 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
   if hits == 0 then
     return true, remaining(bu, br), reset, -1, 0
   end
-  if hits > slots then
+  if hits > slots and not FORCE then
     return false, remaining(bu, br), reset, -1, 0
+  end
+  if FORCE and hits > muldivmod(MAXN - math.max(us, now), l, 0, w) then
+    -- A late charge past 2^53 - 1 us: the TAT saturates there.
+    put(key, MAXN - now, MAXN, 0)
+    return true, 0, MAXN - now, -1, 0
   end
   local ku, kr = muldivmod(hits, w, 0, l)
   local nu, nr = tadd(bu, br, ku, kr, l)
-  if not tle(nu, nr, cu, cr) then
+  if not tle(nu, nr, cu, cr) and not FORCE then
     local eu, er = tsub(nu, nr, cu, cr, l)
     if er > 0 then eu = eu + 1 end
     return false, remaining(bu, br), reset, eu, 0

@@ -86,7 +86,8 @@ function ALG.sb.apply(key, l, w, g, hits, now)
   -- Every region's count (global), or this one's; `own` is this region's.
   local own = sum
   sum = own + sb_remote(oldest, bid)
-  if hits == 0 or hits <= l - sum then
+  if hits == 0 or hits <= l - sum or FORCE then
+    hits = math.min(hits, MAXN - own)
     if hits > 0 then
       sum = sum + hits
       redis.call('HINCRBY', key, int(math.fmod(bid, g)), int(hits))

@@ -48,18 +48,22 @@ function ALG.sl.apply(key, l, w, _, hits, now)
     if newest_t then return newest_t + w - now end
     return 0
   end
-  if hits == 0 or hits <= l - sum then
+  if hits == 0 or hits <= l - sum or FORCE then
+    hits = math.min(hits, MAXN - sum)
     if hits > 0 then
       sum = sum + hits
-      if newest_t == now then
+      -- A late charge on a full log (limit entries) joins the newest entry,
+      -- stamped now: the log never holds more than limit entries.
+      if newest_t == now or (FORCE and tail - head >= l) then
         redis.call('HSET', key, int(tail - 1), int(now) .. ' ' .. int(newest_h + hits), 's', int(sum))
+        newest_t = now
       else
         redis.call('HSET', key, int(tail), int(now) .. ' ' .. int(hits), 's', int(sum), 'h', int(head), 't', int(tail + 1))
         newest_t = now
       end
       expire(key, w)
     end
-    return true, l - sum, reset(), -1, 0
+    return true, math.max(l - sum, 0), reset(), -1, 0
   end
   local retry = -1
   if hits <= l then

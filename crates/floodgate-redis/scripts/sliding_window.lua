@@ -42,7 +42,8 @@ function ALG.sw.apply(key, l, w, _, hits, now)
   local pq, pr = muldivmod(prev, w - e, 0, w)
   if pr > 0 then pq = pq + 1 end
   local free = l - cur - pq
-  if hits == 0 or hits <= free then
+  if hits == 0 or hits <= free or FORCE then
+    hits = math.min(hits, MAXN - own_cur)
     cur = cur + hits
     own_cur = own_cur + hits
     local reset = sw_reset(w, e, prev, cur)

@@ -174,6 +174,7 @@ impl CheckArgs {
 
     pub(crate) fn of(c: &Check<'_>, op: Op) -> Self {
         let (code, param) = algorithm(c.limit);
+        let after = c.limit.charge() == floodgate_core::Charge::After;
         // Every `hits` above the capacity is denied alike (with no retry
         // time), so at most capacity + 1 is sent: every argument stays below
         // 2^53 (exact in Lua).
@@ -182,8 +183,8 @@ impl CheckArgs {
             limit: c.limit.limit(),
             window: c.limit.window_us(),
             param,
-            // A refund gives back up to 2^53 - 1 (`Limit::give_back`).
-            hits: if c.op == floodgate_core::Op::Refund {
+            // A refund gives back, and a late charge takes, up to 2^53 - 1.
+            hits: if c.op == floodgate_core::Op::Refund || after {
                 c.hits.min(floodgate_core::MAX_LIMIT)
             } else {
                 c.hits.min(c.limit.capacity() + 1)
@@ -191,7 +192,8 @@ impl CheckArgs {
             flag: match op {
                 // 2: a refund (`entry.lua`), which never denies.
                 Op::Apply if c.op == floodgate_core::Op::Refund => 2,
-                Op::Apply => u64::from(c.enforce),
+                // 4 + enforce: a limit charged after the work.
+                Op::Apply => u64::from(c.enforce) + if after { 4 } else { 0 },
                 Op::Refund(at) => at,
             },
             global: None,

@@ -1,14 +1,17 @@
 //! One conformance suite, run unchanged over the in-memory store, one Redis
 //! server and a Redis Cluster: random traces of multi-limit requests (every
 //! algorithm, edge-sized limits and windows, weighted hits, peeks, shadow
-//! limits, refunds, repeated keys, a clock that steps back) must get exactly
+//! limits, refunds, limits charged after the work (late charges into debt,
+//! gates), repeated keys, a clock that steps back) must get exactly
 //! the decisions of a reference model built from the pure algorithms.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use floodgate_core::{Algorithm, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, Op, State, StoreError};
+use floodgate_core::{
+    Algorithm, Charge, Check, Decision, LeakyMode, Limit, MAX_LIMIT, MemoryStore, Op, State, StoreError,
+};
 use floodgate_redis::{RedisConfig, RedisStore, join_all};
 use floodgate_testing::{RedisCluster, RedisServer};
 
@@ -56,7 +59,7 @@ impl Model {
         }
         if checks.iter().zip(&out).any(|(c, d)| c.enforce && !d.allowed) {
             for (c, d) in checks.iter().zip(&out) {
-                if d.allowed && c.hits > 0 && c.op == Op::Take {
+                if d.allowed && c.takes_back_on_denial() {
                     let s = self.0.get_mut(&(c.key.to_owned(), c.limit.fingerprint())).unwrap();
                     c.limit.refund(s, now, now, c.hits);
                 }
@@ -89,7 +92,22 @@ fn limits() -> Vec<Limit> {
         l(Algorithm::LeakyBucket { burst: Some(2), mode: LeakyMode::Shape }, 2, SEC),
         l(Algorithm::LeakyBucket { burst: None, mode: LeakyMode::Shape }, MAX_LIMIT - 1, YEAR),
         l(Algorithm::FixedWindow, 0, SEC),
+        // Charged after the work: late charges into debt, gates (hits 0).
+        after(l(Algorithm::FixedWindow, 5, SEC)),
+        after(l(Algorithm::FixedWindow, MAX_LIMIT, YEAR)),
+        after(l(Algorithm::SlidingLog, 4, SEC)),
+        after(l(Algorithm::SlidingWindow, 6, SEC)),
+        after(l(Algorithm::SlidingBuckets { granularity: 4 }, 5, SEC)),
+        after(l(Algorithm::Gcra { burst: Some(3) }, 7, SEC)),
+        after(l(Algorithm::Gcra { burst: Some(MAX_LIMIT) }, MAX_LIMIT, YEAR)),
+        after(l(Algorithm::TokenBucket { burst: Some(1_000_000_007) }, 999_999_937, 86_400 * SEC)),
+        after(l(Algorithm::LeakyBucket { burst: Some(2), mode: LeakyMode::Meter }, 3, 1_000)),
+        after(l(Algorithm::FixedWindow, 0, SEC)),
     ]
+}
+
+fn after(l: Limit) -> Limit {
+    l.with_charge(Charge::After).unwrap()
 }
 
 /// xorshift64*: the same trace for every store.

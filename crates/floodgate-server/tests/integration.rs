@@ -2,7 +2,7 @@
 //! service over gRPC and HTTP, rules reloads, and per-key entries through
 //! the service.
 
+mod budgets;
 mod perkey;
-mod refunds;
 mod reload;
 mod server;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
 use floodgate_core::rules::{self, Planned, Rule, RuleSet};
-use floodgate_core::{Decision, Limit, MemoryStore, Op, Store, StoreError};
+use floodgate_core::{Charge, Decision, Limit, MemoryStore, Op, Store, StoreError};
 use http::HeaderName;
 
 use crate::descriptors::{self, DescriptorError, RequestFacts};
@@ -109,9 +109,18 @@ impl<S: Store> RulesDecider<S> {
     }
 }
 
-/// Every planned limit takes one hit.
+/// Every planned limit takes one hit, but a limit charged after the work
+/// (`charge: after`), which is only gated here (hits 0): its cost is
+/// charged by whoever learns it (the service's APIs, Envoy's stream-end
+/// call), not by a request passing through.
 fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
-    rules::checks_of(planned, |_| (1, Op::Take))
+    let mut checks = rules::checks_of(planned, |_| (1, Op::Take));
+    for c in &mut checks {
+        if c.rule.limit.as_ref().is_some_and(|l| l.charge() == Charge::After) {
+            c.hits = 0;
+        }
+    }
+    checks
 }
 
 impl<S: Store + 'static> Decide for RulesDecider<S> {
@@ -503,6 +512,27 @@ mod tests {
         let h = refused.headline.expect("the limit still heads the answer");
         assert_eq!((h.requests_per_unit, h.decision.remaining), (5, 5));
         assert_eq!(decider.store().len(), 1);
+    }
+
+    /// A limit charged after the work is only gated by a request passing
+    /// through: it takes nothing, and shuts once the cost charged elsewhere
+    /// (here straight into the store) uses the budget up.
+    #[test]
+    fn a_limit_charged_after_the_work_is_gated_not_charged() {
+        let yaml = "domain: api\nrequest_descriptors:\n  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 2, charge: after}\n";
+        let rules = RuleSet::from_yaml("api.yaml", yaml).unwrap();
+        let m = rules.matches("api", &[("tenant", "acme")]).unwrap();
+        let (key, limit) = (m.counter_key(0), m.rules[0].limit.clone().unwrap());
+        let decider = RulesDecider::new(rules, "api", MemoryStore::new());
+        let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+        let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+        for _ in 0..5 {
+            assert!(at_once(decider.decide(&facts)).unwrap().allowed, "a gate takes nothing");
+        }
+        assert!(decider.limiter.store().apply_sync(&key, &limit, 3).unwrap().allowed, "a late charge: debt");
+        assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts on the debt");
     }
 
     #[test]

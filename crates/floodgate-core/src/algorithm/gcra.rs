@@ -14,8 +14,11 @@
 use crate::math::sat64;
 use crate::{Decision, Limit, State};
 
+/// `force` (a late charge, never with `shape`): admitted whatever the
+/// backlog; the debt drains at the rate like any backlog. The TAT saturates
+/// at 2^53 - 1 microseconds (the year 2255).
 #[inline(always)]
-pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool) -> Decision {
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool, force: bool) -> Decision {
     let l = limit.limit();
     let w = limit.window_us();
     let (l128, w128) = (u128::from(l), u128::from(w));
@@ -30,7 +33,7 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
     if hits == 0 {
         return Decision::allow(l, remaining(backlog), reset(*us, *rem));
     }
-    if backlog + cost > cap {
+    if backlog + cost > cap && !force {
         let retry = (cost <= cap).then(|| sat64(limit.limit_div().div_ceil_wide(backlog + cost - cap)));
         return Decision::deny(l, remaining(backlog), reset(*us, *rem), retry);
     }
@@ -46,7 +49,11 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
         new_rem -= l;
         new_us += 1;
     }
-    // Bounded by now + burst * W / L + 1 <= now + 2^53 * 365d: fits u64.
+    // Bounded by now + burst * W / L + 1 <= now + 2^53 * 365d: fits u64
+    // (a late charge's debt: saturated below 2^53, exact in Lua too).
+    if new_us > u128::from(crate::MAX_LIMIT) {
+        (new_us, new_rem) = (u128::from(crate::MAX_LIMIT), 0);
+    }
     *us = sat64(new_us);
     *rem = new_rem;
     let mut d = Decision::allow(l, remaining(backlog + cost), reset(*us, *rem));

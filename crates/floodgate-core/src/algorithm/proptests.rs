@@ -14,7 +14,7 @@
 
 use proptest::prelude::*;
 
-use crate::{Algorithm, Decision, LeakyMode, Limit, MAX_LIMIT, State};
+use crate::{Algorithm, Charge, Decision, LeakyMode, Limit, MAX_LIMIT, State};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -48,8 +48,9 @@ struct Model {
     kind: Kind,
     l: u64,
     w: u64,
-    /// Admitted `(time, hits)`; for the GCRA family a refund is a negative
-    /// entry (window algorithms take refunds out of the entries instead).
+    /// Admitted `(time, hits)`; for `fixed_window` and the GCRA family a
+    /// refund is a negative entry (the sliding ones take refunds out of the
+    /// entries instead).
     hist: Vec<(u64, i128)>,
 }
 
@@ -89,7 +90,7 @@ impl Model {
         if self.l == 0 {
             return;
         }
-        if let Kind::Gcra(_) | Kind::Token(_) | Kind::Meter(_) | Kind::Shaper(_) = self.kind {
+        if let Kind::Fixed | Kind::Gcra(_) | Kind::Token(_) | Kind::Meter(_) | Kind::Shaper(_) = self.kind {
             self.hist.push((t, -i128::from(hits)));
             return;
         }
@@ -106,25 +107,72 @@ impl Model {
         }
     }
 
+    /// A late charge at `t` (never denied): recorded like an admission,
+    /// except that `sliding_log` keeps at most `l` entries: on a full log
+    /// the charge joins the newest entry, stamped `t`.
+    fn charge(&mut self, t: u64, hits: u64) {
+        if self.l == 0 {
+            return;
+        }
+        if self.kind == Kind::Log {
+            let live: Vec<usize> =
+                (0..self.hist.len()).filter(|&i| self.hist[i].1 > 0 && self.counts(self.hist[i].0, t)).collect();
+            let mut times: Vec<u64> = live.iter().map(|&i| self.hist[i].0).collect();
+            times.dedup();
+            if times.len() as u64 >= self.l {
+                let newest = times[times.len() - 1];
+                let mut moved = i128::from(hits);
+                for i in live {
+                    if self.hist[i].0 == newest {
+                        moved += self.hist[i].1;
+                        self.hist[i].1 = 0;
+                    }
+                }
+                self.hist.push((t, moved));
+                return;
+            }
+        }
+        self.hist.push((t, i128::from(hits)));
+    }
+
+    /// `fixed_window`'s count at `t`: each window's hits, plus what is left
+    /// of the count before it after paying `l` per window passed; refunds
+    /// (negative entries) never below zero.
+    fn fixed_count(&self, t: u64) -> u128 {
+        let (w, l) = (self.w, i128::from(self.l));
+        let mut c: i128 = 0;
+        let mut window = None;
+        for &(ti, hi) in self.hist.iter().filter(|(ti, _)| *ti <= t) {
+            let id = ti / w;
+            if let Some(p) = window {
+                c = (c - l * i128::from(id - p)).max(0);
+            }
+            window = Some(id);
+            c = (c + hi).max(0);
+        }
+        if let Some(p) = window {
+            c = (c - l * i128::from(t / w - p)).max(0);
+        }
+        u128::try_from(c).expect("a count")
+    }
+
     /// Tokens at `t`, scaled by W (exact): a bucket of `capacity` refilled
-    /// at `l` per `w`, starting full, paying `hits` for each admission.
-    fn tokens(&self, t: u64) -> u128 {
-        let (l, w) = (u128::from(self.l), u128::from(self.w));
-        let cap = u128::from(self.capacity()) * w;
+    /// at `l` per `w`, starting full, paying `hits` for each admission
+    /// (below zero for a late charge: debt).
+    fn tokens(&self, t: u64) -> i128 {
+        let (l, w) = (i128::from(self.l), i128::from(self.w));
+        let cap = i128::from(self.capacity()) * w;
         let mut ts = cap;
         let mut last: Option<u64> = None;
         for &(ti, hi) in &self.hist {
             if let Some(lt) = last {
-                ts = cap.min(ts + u128::from(ti - lt) * l);
+                ts = cap.min(ts + i128::from(ti - lt) * l);
             }
-            match u128::try_from(hi) {
-                Ok(taken) => ts -= taken * w,
-                Err(_) => ts = cap.min(ts + hi.unsigned_abs() * w),
-            }
+            ts = cap.min(ts - hi * w);
             last = Some(ti);
         }
         if let Some(lt) = last {
-            ts = cap.min(ts + u128::from(t - lt) * l);
+            ts = cap.min(ts + i128::from(t - lt) * l);
         }
         ts
     }
@@ -148,25 +196,27 @@ impl Model {
         }
         let (w, h128, l128) = (self.w, u128::from(h), u128::from(self.l));
         match self.kind {
-            Kind::Fixed | Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) + h128 <= l128,
+            Kind::Fixed => self.fixed_count(t) + h128 <= l128,
+            Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) + h128 <= l128,
             Kind::Sliding => {
                 let (prev, cur, e) = self.sliding(t);
                 let w = u128::from(w);
                 prev * (w - e) + (cur + h128) * w <= l128 * w
             }
-            _ => self.tokens(t) >= h128 * u128::from(w),
+            _ => self.tokens(t) >= i128::from(h) * i128::from(w),
         }
     }
 
     fn empty(&self, t: u64) -> bool {
         let w = self.w;
         match self.kind {
-            Kind::Fixed | Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) == 0,
+            Kind::Fixed => self.fixed_count(t) == 0,
+            Kind::Log | Kind::Buckets(_) => self.sum(|ti| self.counts(ti, t)) == 0,
             Kind::Sliding => {
                 let (prev, cur, _) = self.sliding(t);
                 prev == 0 && cur == 0
             }
-            _ => self.l == 0 || self.tokens(t) == u128::from(self.capacity()) * u128::from(w),
+            _ => self.l == 0 || self.tokens(t) == i128::from(self.capacity()) * i128::from(w),
         }
     }
 
@@ -178,14 +228,26 @@ impl Model {
     }
 
     fn delay(&self, t: u64) -> u64 {
-        let cap = u128::from(self.capacity()) * u128::from(self.w);
-        u64::try_from((cap - self.tokens(t)).div_ceil(u128::from(self.l))).unwrap()
+        let cap = i128::from(self.capacity()) * i128::from(self.w);
+        let backlog = u128::try_from(cap - self.tokens(t)).expect("a shaper has no debt");
+        u64::try_from(backlog.div_ceil(u128::from(self.l))).unwrap()
     }
 }
 
+/// How a decision was asked for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Asked {
+    /// `apply` of a limit charged before the work (hits 0: a peek).
+    Before,
+    /// `apply` of a limit charged after: a late charge, or (hits 0) the gate.
+    After,
+}
+
 /// Check one decision against the model by brute force; commit it.
-fn check(model: &mut Model, d: &Decision, now: u64, hits: u64) {
-    let allowed = model.allows(now, hits);
+fn check(model: &mut Model, d: &Decision, now: u64, hits: u64, asked: Asked) {
+    let gate = asked == Asked::After && hits == 0;
+    let late = asked == Asked::After && hits > 0;
+    let allowed = if gate { model.l > 0 && model.allows(now, 1) } else { late || model.allows(now, hits) };
     assert_eq!(d.allowed, allowed, "allowed at {now} hits {hits}, history {:?}", model.hist);
     assert_eq!(d.limit, model.l);
     if let Kind::Shaper(_) = model.kind
@@ -196,14 +258,17 @@ fn check(model: &mut Model, d: &Decision, now: u64, hits: u64) {
     } else {
         assert_eq!(d.delay, std::time::Duration::ZERO);
     }
-    if allowed && hits > 0 {
+    if late {
+        model.charge(now, hits);
+    } else if allowed && hits > 0 {
         model.hist.push((now, i128::from(hits)));
     }
     assert_eq!(d.remaining, model.remaining(now), "remaining at {now}, history {:?}", model.hist);
-    let retry = if allowed || hits > model.capacity() || model.l == 0 {
+    let wanted = if gate { 1 } else { hits };
+    let retry = if allowed || wanted > model.capacity() || model.l == 0 {
         None
     } else {
-        Some((1..100_000).find(|&dt| model.allows(now + dt, hits)).expect("some wait helps"))
+        Some((1..100_000).find(|&dt| model.allows(now + dt, wanted)).expect("some wait helps"))
     };
     assert_eq!(d.retry_after_us(), retry, "retry_after at {now} hits {hits}, history {:?}", model.hist);
     let reset = (0..100_000).find(|&dt| model.empty(now + dt)).expect("state empties");
@@ -223,14 +288,16 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
     ]
 }
 
-/// Run `ops` (`(dt, hits, refund)`) through the algorithm and its model.
-fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64, bool)]) {
+/// Run `ops` (`(dt, hits, refund)`) through the algorithm and its model,
+/// the limit charged `charge`.
+fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64, bool)], charge: Charge) {
     // Buckets need a window the granularity divides.
     let w = match kind {
         Kind::Buckets(g) => w * u64::from(g),
         _ => w,
     };
-    let limit = Limit::checked(kind.algorithm(), l, w).unwrap();
+    let limit = Limit::checked(kind.algorithm(), l, w).unwrap().with_charge(charge).unwrap();
+    let asked = if charge == Charge::After { Asked::After } else { Asked::Before };
     let mut model = Model { kind, l, w, hist: Vec::new() };
     let mut state = State::default();
     let mut now = start;
@@ -239,7 +306,7 @@ fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64, bool)]) {
         if refund {
             let d = limit.give_back(&mut state, now, hits);
             model.give_back(now, hits);
-            check(&mut model, &d, now, 0);
+            check(&mut model, &d, now, 0, Asked::Before);
             continue;
         }
         let before = state.clone();
@@ -251,7 +318,7 @@ fn run(kind: Kind, l: u64, w: u64, start: u64, ops: &[(u64, u64, bool)]) {
                 "a denial changed state"
             );
         }
-        check(&mut model, &d, now, hits);
+        check(&mut model, &d, now, hits, asked);
     }
 }
 
@@ -273,7 +340,7 @@ proptest! {
         ops in prop::collection::vec((0u64..=14, 0u64..=5), 1..40),
     ) {
         let ops: Vec<_> = ops.into_iter().map(|(dt, h)| (dt, h, false)).collect();
-        run(kind, l, w, start, &ops);
+        run(kind, l, w, start, &ops, Charge::Before);
     }
 
     /// Refunds (Envoy's `is_negative_hits`) among the requests: each gives
@@ -287,7 +354,23 @@ proptest! {
         start in 0u64..40,
         ops in prop::collection::vec((0u64..=14, 0u64..=5, prop::bool::weighted(0.3)), 1..40),
     ) {
-        run(kind, l, w, start, &ops);
+        run(kind, l, w, start, &ops, Charge::Before);
+    }
+
+    /// A limit charged after the work: late charges (never denied, into
+    /// debt), gates (hits 0: denied once nothing is left) and refunds, each
+    /// as the definition says — `fixed_window` carries debt into the next
+    /// windows, the GCRA family drains it at the rate, the sliding ones
+    /// count a charge while it stays in their window.
+    #[test]
+    fn late_charges_and_gates_match_the_reference_model(
+        kind in kind_strategy().prop_filter("a shaper is charged before", |k| !matches!(k, Kind::Shaper(_))),
+        l in 0u64..=6,
+        w in 1u64..=12,
+        start in 0u64..40,
+        ops in prop::collection::vec((0u64..=14, 0u64..=9, prop::bool::weighted(0.15)), 1..40),
+    ) {
+        run(kind, l, w, start, &ops, Charge::After);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use crate::{Decision, Limit, State};
 
-pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64, hits: u64) -> Decision {
+/// `force` (a late charge): admitted whatever the sum (debt, for as long as
+/// the charge's bucket stays in the window).
+pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64, hits: u64, force: bool) -> Decision {
     let g = u64::from(granularity);
     let size = limit.bucket_div().get();
     let slot = |id: u64| limit.granularity_div().div_rem(id).1 as usize;
@@ -41,8 +43,9 @@ pub(super) fn apply(limit: &Limit, granularity: u32, state: &mut State, now: u64
         (oldest..=bid).rev().find(|&id| counts[slot(id)] > 0).map_or(0, gone_at)
     };
     match sum.checked_add(hits) {
-        Some(next) if next <= l || hits == 0 => {
-            counts[slot(bid)] += hits;
+        Some(next) if next <= l || hits == 0 || force => {
+            let next = next.min(crate::MAX_LIMIT);
+            counts[slot(bid)] += next - *sum;
             *sum = next;
             Decision::allow(l, l.saturating_sub(next), reset(counts, next))
         }

@@ -4,7 +4,12 @@
 
 use crate::{Decision, Limit, State};
 
-pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> Decision {
+/// `force` (a late charge): admitted whatever the sum, which may pass the
+/// limit (debt, for as long as the charge stays in the window). The log
+/// still keeps at most `limit` entries: a forced charge on a full log joins
+/// its newest entry, stamped now (its hits leave later: stricter, never
+/// looser).
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, force: bool) -> Decision {
     let w = limit.window_us();
     let l = limit.limit();
     let log = state.log();
@@ -21,10 +26,16 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
     }
     let reset = |log: &crate::state::Log| log.entries.back().map_or(0, |&(t, _)| t + w - now);
     match log.sum.checked_add(hits) {
-        Some(next) if next <= l || hits == 0 => {
+        Some(next) if next <= l || hits == 0 || force => {
+            let next = next.min(crate::MAX_LIMIT);
+            let hits = next - log.sum;
             if hits > 0 {
+                let full = log.entries.len() as u64 >= l;
                 match log.entries.back_mut() {
-                    Some((t, h)) if *t == now => *h += hits,
+                    Some((t, h)) if *t == now || (force && full) => {
+                        *t = now;
+                        *h += hits;
+                    }
                     _ => {
                         if log.entries.capacity() == 0 {
                             log.entries.reserve(usize::try_from(l.min(16)).unwrap_or(16));

@@ -6,7 +6,9 @@
 use crate::math::{div, sat64};
 use crate::{Decision, Limit, State};
 
-pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> Decision {
+/// `force` (a late charge): admitted whatever the estimate (debt, weighing
+/// on the estimate for as long as its window does: two windows at most).
+pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, force: bool) -> Decision {
     let w = limit.window_us();
     let l = limit.limit();
     let (id, prev, cur) = state.sliding();
@@ -36,9 +38,10 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64) -> De
         }
     };
     let cost = u128::from(hits) * w128;
-    if hits == 0 || used + cost <= cap {
-        *cur += hits;
-        let used = used + cost;
+    if hits == 0 || used + cost <= cap || force {
+        let add = hits.min(crate::MAX_LIMIT - (*cur).min(crate::MAX_LIMIT));
+        *cur += add;
+        let used = used + u128::from(add) * w128;
         return Decision::allow(l, remaining(used), reset(*prev, *cur));
     }
     let retry = (hits <= l).then(|| {

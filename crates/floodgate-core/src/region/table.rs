@@ -51,7 +51,7 @@ struct Names {
 /// queue: a million keys are then no million small heap objects, whose
 /// allocation on the deciding threads and release by the sweeper slowed
 /// every other allocation of the request path (BENCHMARKS.md, "Many
-/// regions").
+/// regions: sync on against sync off").
 type Shard = Mutex<HashMap<OwnedKey, Entry, SeedableRandomState>>;
 
 /// A memory-store region's global limits: decisions, merges, and what to

@@ -356,6 +356,36 @@ fn extension_errors_say_what_to_write() {
 }
 
 #[test]
+fn charge_after_is_read_and_checked() {
+    let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
+    let set = load(&rl("unit: minute, requests_per_unit: 100, charge: after"));
+    let m = set.matches("d", &[("k", "x")]).unwrap();
+    let limit = m.rules[0].limit.as_ref().unwrap();
+    assert_eq!(limit.charge(), crate::Charge::After);
+    let before = load(&rl("unit: minute, requests_per_unit: 100, charge: before"));
+    let b = before.matches("d", &[("k", "x")]).unwrap().rules[0].limit.clone().unwrap();
+    assert_eq!(b.charge(), crate::Charge::Before);
+    assert_ne!(b.fingerprint(), limit.fingerprint(), "a key's state starts fresh when its charge changes");
+    // The local fallback is charged as its limit is.
+    let local = load(&rl("unit: minute, requests_per_unit: 100, charge: after, failure_mode: local, local_share: 0.5"));
+    let l = local.matches("d", &[("k", "x")]).unwrap().rules[0].local_limit.clone().unwrap();
+    assert_eq!((l.limit(), l.charge()), (50, crate::Charge::After));
+    one_error(
+        &rl("unit: minute, charge: later"),
+        "rate_limit.charge: unknown charge `later`: use before (the default) or after",
+    );
+    one_error(
+        &rl("algorithm: leaky_bucket, mode: shape, unit: second, requests_per_unit: 5, charge: after"),
+        "rate_limit.charge: charge: after counts work already done",
+    );
+    one_error(&rl("unlimited: true, charge: after"), "unlimited takes no charge");
+    one_error(
+        &rl("unit: minute, requests_per_unit: 5, charge: after, scope: global"),
+        "charge: after is not yet supported with scope: global",
+    );
+}
+
+#[test]
 fn bounds_are_errors_not_crashes() {
     let deep = format!(
         "domain: d\ndescriptors:\n{}",

@@ -205,7 +205,7 @@ impl<C: Clock> MemoryStore<C> {
     // Always inlined (the rare insert is out of line): called out of line,
     // the `Decision` was built in a temporary and copied to the caller,
     // and that copy's wide loads over the one-byte `allowed` store stalled
-    // a one-key decision by a fifth (BENCHMARKS.md, "Core").
+    // a one-key decision by a fifth (BENCHMARKS.md, "Core: in-memory store vs governor").
     #[inline(always)]
     pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
@@ -274,7 +274,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut shard = self.lock(hash);
         match slot_of(&mut shard, hash, &probe, limit) {
             Some(slot) => limit.give_back(&mut slot.state, now_us, hits),
-            None => limit.apply(&mut State::new(), now_us, 0),
+            None => limit.give_back(&mut State::new(), now_us, 0),
         }
     }
 

@@ -116,7 +116,8 @@ pub struct Check<'a> {
 /// Decide one request's `checks` **all or nothing** into `out` (cleared
 /// first): `decide` answers each check in order; when an enforced check
 /// that takes is denied, `undo` gives back each check that took hits (a
-/// refund took nothing, so it stays). Shared by the stores that decide in
+/// refund took nothing, so it stays; a late charge is never given back: the
+/// work it counts is done). Shared by the stores that decide in
 /// this process (the in-memory store, a memory region's table).
 pub(crate) fn all_or_nothing(
     checks: &[Check<'_>],
@@ -133,10 +134,18 @@ pub(crate) fn all_or_nothing(
     }
     if denied {
         for (c, r) in checks.iter().zip(out.iter()) {
-            if c.op == Op::Take && c.hits > 0 && r.as_ref().is_ok_and(|d| d.allowed) {
+            if c.takes_back_on_denial() && r.as_ref().is_ok_and(|d| d.allowed) {
                 undo(c);
             }
         }
+    }
+}
+
+impl Check<'_> {
+    /// Whether a denial of its request gives this check's hits back: it
+    /// took some before the work (not a refund, a peek or a late charge).
+    pub fn takes_back_on_denial(&self) -> bool {
+        self.op == Op::Take && self.hits > 0 && self.limit.charge() == crate::Charge::Before
     }
 }
 

@@ -167,11 +167,8 @@ impl RedisStore {
         // Every check a one-hit request on a key known to be over its limit:
         // answer here.
         if cache {
-            let cached: Option<Vec<Decision>> = keys
-                .iter()
-                .zip(checks)
-                .map(|(k, c)| if c.hits == 1 && c.op == CoreOp::Take { i.denied.get(k, sent) } else { None })
-                .collect();
+            let cached: Option<Vec<Decision>> =
+                keys.iter().zip(checks).map(|(k, c)| if cacheable(c) { i.denied.get(k, sent) } else { None }).collect();
             if let Some(cached) = cached {
                 i.cached_denials.fetch_add(1, Ordering::Relaxed);
                 out.extend(cached.into_iter().map(Ok));
@@ -205,7 +202,7 @@ impl RedisStore {
                     for (&j, d) in g.iter().zip(r.decisions) {
                         if cache
                             && !d.allowed
-                            && checks[j].hits == 1
+                            && cacheable(&checks[j])
                             && checks[j].enforce
                             && let Some(key) = keys.get(j)
                         {
@@ -255,7 +252,7 @@ impl RedisStore {
                 let (ks, cs): (Vec<String>, Vec<&Check<'_>>) = g
                     .iter()
                     .zip(&r.decisions)
-                    .filter(|&(&j, d)| d.allowed && checks[j].hits > 0 && checks[j].op == CoreOp::Take)
+                    .filter(|&(&j, d)| d.allowed && checks[j].takes_back_on_denial())
                     .map(|(&j, _)| (keys[j].clone(), &checks[j]))
                     .unzip();
                 (!cs.is_empty()).then_some((ks, cs, r.now_us))
@@ -290,6 +287,13 @@ impl RedisStore {
         }
         groups.into_iter().map(|(_, g)| g).collect()
     }
+}
+
+/// Whether a check's denial may be answered from (and kept in) the local
+/// over-limit cache: one hit taken before the work (a late charge is never
+/// denied; a refund never is).
+fn cacheable(c: &Check<'_>) -> bool {
+    c.hits == 1 && c.op == CoreOp::Take && c.limit.charge() == floodgate_core::Charge::Before
 }
 
 /// A queued request's part of a batch's reply, with its keys given back.

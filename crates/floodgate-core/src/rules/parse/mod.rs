@@ -93,6 +93,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "scope",
     "sync",
     "overshoot",
+    "charge",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -128,6 +129,7 @@ struct RateLimitFields {
     scope: Option<(String, Pos)>,
     sync: Option<(String, Pos)>,
     overshoot: Option<(String, Pos)>,
+    charge: Option<(String, Pos)>,
 }
 
 /// The descriptor-level flags a rule inherits from its descriptor.
