@@ -531,6 +531,19 @@ fn every_relative_link_of_the_readme_the_guide_and_the_benchmarks_resolves() {
     assert!(failures.is_empty(), "{} broken links:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// The README stays a page a newcomer reads (≤ 200 lines) and BENCHMARKS.md
+/// today's figures (≤ 600 lines; the history is in git): issue 45.
+#[test]
+fn the_readme_and_the_benchmarks_stay_short() {
+    for (file, most) in [("README.md", 200), ("BENCHMARKS.md", 600)] {
+        let lines = std::fs::read_to_string(root().join(file)).expect("readable").lines().count();
+        assert!(
+            lines <= most,
+            "{file} has {lines} lines, more than {most}: move the detail into docs/ (or, for runs, out: git keeps them)"
+        );
+    }
+}
+
 #[test]
 fn anchors_and_links_are_read_as_github_does() {
     assert_eq!(anchor("Tower layer vs `tower_governor` (issue 7)"), "tower-layer-vs-tower_governor-issue-7");
