@@ -265,6 +265,10 @@ fn envoy_rejects_what_envoy_rejects() {
         "expected a whole number",
     );
     one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 010}\n",
+        "test.yaml:4:51: descriptors[0].rate_limit.requests_per_unit: `010` has a leading zero, which envoyproxy/ratelimit reads as octal (8): write 10",
+    );
+    one_error(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: '5'}\n",
         "remove the quotes",
     );

@@ -333,6 +333,22 @@ impl<'a> FileParser<'a> {
             self.error(node.pos(), field, format!("expected a whole number from 0 to {max}, found `{value}`"));
             return None;
         }
+        if digits.len() > 1 && digits.starts_with('0') {
+            // YAML 1.1 (envoyproxy/ratelimit's yaml.v2) reads a leading 0 as
+            // octal: the same file would mean another number there.
+            let trimmed = digits.trim_start_matches('0');
+            let trimmed = if trimmed.is_empty() { "0" } else { trimmed };
+            let message = match u64::from_str_radix(digits, 8) {
+                Ok(octal) => format!(
+                    "`{value}` has a leading zero, which envoyproxy/ratelimit reads as octal ({octal}): write {trimmed}, or {octal} if you meant octal"
+                ),
+                Err(_) => format!(
+                    "`{value}` has a leading zero, which envoyproxy/ratelimit refuses (not an octal number): write {trimmed}"
+                ),
+            };
+            self.error(node.pos(), field, message);
+            return None;
+        }
         match digits.parse::<u64>() {
             Ok(n) if n <= max => Some(n),
             _ => {
