@@ -360,6 +360,16 @@ fn extension_errors_say_what_to_write() {
 }
 
 #[test]
+fn merge_keys_load_as_envoy_reads_them() {
+    let set = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &std {unit: minute, requests_per_unit: 5}\n  - key: b\n    rate_limit:\n      <<: *std\n      requests_per_unit: 9\n",
+    );
+    let limit = |k: &str| set.matches("d", &[(k, "x")]).unwrap().rules[0].limit.clone().unwrap();
+    assert_eq!((limit("a").limit(), limit("a").window()), (5, Duration::from_secs(60)));
+    assert_eq!((limit("b").limit(), limit("b").window()), (9, Duration::from_secs(60)));
+}
+
+#[test]
 fn charge_after_is_read_and_checked() {
     let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
     let set = load(&rl("unit: minute, requests_per_unit: 100, charge: after"));

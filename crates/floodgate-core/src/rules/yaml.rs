@@ -2,7 +2,9 @@
 //! column, built from `saphyr-parser`'s events, with bounds on nesting depth
 //! and on the number of nodes (aliases included, so an alias "billion
 //! laughs" is an error, not an out-of-memory). Duplicate mapping keys are an
-//! error here, as in YAML 1.2.
+//! error here, as in YAML 1.2. Merge keys (`<<: *defaults`, YAML 1.1, which
+//! envoyproxy/ratelimit's parser reads) are merged: a mapping's own keys
+//! win, and of a list of mappings the earlier ones.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -155,7 +157,7 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
             }
             Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
                 Some(Frame::Seq { items, pos, anchor }) => (Node::Seq { items, pos }, anchor),
-                Some(Frame::Map { entries, pos, anchor, .. }) => (Node::Map { entries, pos }, anchor),
+                Some(Frame::Map { entries, pos, anchor, .. }) => (Node::Map { entries: merged(entries)?, pos }, anchor),
                 None => continue,
             },
             Event::Scalar(value, style, anchor, _) => {
@@ -201,6 +203,42 @@ pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<Option<Node>, YamlErro
     Ok(root)
 }
 
+/// A mapping's entries with its merge key (`<<`, plain) replaced by the
+/// entries of the mapping (or list of mappings) it names that the mapping
+/// does not set itself.
+fn merged(entries: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> {
+    let is_merge = |k: &Node| matches!(k, Node::Scalar { value, plain: true, .. } if value == "<<");
+    if !entries.iter().any(|(k, _)| is_merge(k)) {
+        return Ok(entries);
+    }
+    let key_text = |k: &Node| match k {
+        Node::Scalar { value, .. } => Some(value.clone()),
+        _ => None,
+    };
+    let (merges, mut own): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(k, _)| is_merge(k));
+    let mut present: std::collections::HashSet<String> = own.iter().filter_map(|(k, _)| key_text(k)).collect();
+    for (_, value) in merges {
+        let sources = match value {
+            Node::Seq { items, .. } => items,
+            other => vec![other],
+        };
+        for source in sources {
+            let Node::Map { entries, .. } = source else {
+                return Err(YamlError {
+                    pos: source.pos(),
+                    message: "a merge key (`<<`) takes a mapping or a list of mappings, e.g. `<<: *defaults`".into(),
+                });
+            };
+            for (k, v) in entries {
+                if key_text(&k).is_none_or(|t| present.insert(t)) {
+                    own.push((k, v));
+                }
+            }
+        }
+    }
+    Ok(own)
+}
+
 fn count(node: &Node) -> usize {
     match node {
         Node::Scalar { .. } => 1,
@@ -220,6 +258,23 @@ mod tests {
             Node::Scalar { value, .. } => value,
             _ => panic!("not a scalar"),
         }
+    }
+
+    #[test]
+    fn merge_keys_merge_as_yaml_1_1_does() {
+        let text = "base: &b {unit: minute, requests_per_unit: 5}\nother: &o {name: x, unit: hour}\nrule:\n  <<: [*b, *o]\n  requests_per_unit: 7\n";
+        let Node::Map { entries, .. } = parse(text, B).unwrap().unwrap() else { panic!() };
+        let Node::Map { entries: rule, .. } = &entries[2].1 else { panic!() };
+        let got: Vec<(&str, &str)> = rule.iter().map(|(k, v)| (scalar(k), scalar(v))).collect();
+        // Its own key wins; of the list, the earlier mapping's `unit`.
+        assert_eq!(got, [("requests_per_unit", "7"), ("unit", "minute"), ("name", "x")]);
+        // A merged entry keeps the position it was written at.
+        assert_eq!(rule[1].0.pos(), Pos { line: 1, col: 11 });
+        let e = parse("a: &a 1\nb:\n  <<: *a\n", B).unwrap_err();
+        assert!(e.message.contains("takes a mapping"), "{e:?}");
+        // A quoted "<<" is an ordinary key.
+        let Node::Map { entries, .. } = parse("'<<': 1\n", B).unwrap().unwrap() else { panic!() };
+        assert_eq!(scalar(&entries[0].0), "<<");
     }
 
     #[test]
