@@ -275,6 +275,9 @@ pub struct KeyedLimit<S> {
     rule: Rule,
     key: Key,
     limiter: Limiter<S>,
+    /// What a request asks: 1, or 0 (the gate) on a limit charged after
+    /// the work, whose cost is charged by whoever learns it.
+    hits: u64,
 }
 
 impl<S> std::fmt::Debug for KeyedLimit<S> {
@@ -285,12 +288,17 @@ impl<S> std::fmt::Debug for KeyedLimit<S> {
 
 impl<S: Store> KeyedLimit<S> {
     /// `limit` per distinct `key`, counted in `store` (fails open when the
-    /// store fails; use a rules file for other failure modes).
+    /// store fails; use a rules file for other failure modes). Each request
+    /// takes one hit; on a limit charged after the work
+    /// ([`Charge::After`]) it only asks the gate, and the cost is charged
+    /// into `store` by whoever learns it.
     pub fn new(limit: Limit, key: Key, store: S) -> Self {
+        let hits = u64::from(limit.charge() == Charge::Before);
         Self {
             rule: Rule::from_limit(limit, "tower".to_owned()),
             key,
             limiter: Limiter::new(store, MemoryStore::new()),
+            hits,
         }
     }
 
@@ -341,7 +349,7 @@ impl<S: Store> KeyedLimit<S> {
             None => self.key.of(facts, &mut text, ip_text).ok().flatten().map(Cow::into_owned).unwrap_or_default(),
         };
         let key = key_text(&key);
-        let check = RuleCheck { key: &key, rule: &self.rule, hits: 1, op: Op::Take };
+        let check = RuleCheck { key: &key, rule: &self.rule, hits: self.hits, op: Op::Take };
         answer_of_one(&check, &self.limiter.verdict(&check, Err(error)))
     }
 
@@ -366,8 +374,10 @@ impl<S: Store + 'static> Decide for KeyedLimit<S> {
         // A custom key is kept for the failure policy (it is not asked
         // twice); the other keys are written again from the request.
         let (asked, applied, custom) = match self.key.of(facts, &mut buf, write_ip) {
-            Ok(Some(Cow::Borrowed(key))) => (Asked::Store, Some(store.apply_bytes(key, self.limit(), 1)), None),
-            Ok(Some(Cow::Owned(key))) => (Asked::Store, Some(store.apply_bytes(&key, self.limit(), 1)), Some(key)),
+            Ok(Some(Cow::Borrowed(key))) => (Asked::Store, Some(store.apply_bytes(key, self.limit(), self.hits)), None),
+            Ok(Some(Cow::Owned(key))) => {
+                (Asked::Store, Some(store.apply_bytes(&key, self.limit(), self.hits)), Some(key))
+            }
             Ok(None) => (Asked::Unlimited, None, None),
             Err(e) => (Asked::Refused(e), None, None),
         };
@@ -533,6 +543,23 @@ mod tests {
         }
         assert!(decider.limiter.store().apply_sync(&key, &limit, 3).unwrap().allowed, "a late charge: debt");
         assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts on the debt");
+    }
+
+    #[test]
+    fn a_keyed_limit_charged_after_the_work_is_gated_not_charged() {
+        let limit = Limit::new(floodgate_core::Algorithm::FixedWindow, 2, Duration::from_secs(3600)).unwrap();
+        let limit = limit.with_charge(Charge::After).unwrap();
+        let decider =
+            KeyedLimit::new(limit.clone(), Key::Header(HeaderName::from_static("x-user")), MemoryStore::new());
+        let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-user", http::HeaderValue::from_static("alice"));
+        let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+        for _ in 0..5 {
+            assert!(at_once(decider.decide(&facts)).unwrap().allowed, "a gate takes nothing");
+        }
+        assert!(decider.store().apply_sync("alice", &limit, 2).unwrap().allowed, "the cost, charged after");
+        assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts");
     }
 
     #[test]
