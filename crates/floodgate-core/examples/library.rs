@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The same code over Redis (limits shared by every process that uses
-//! it): `cargo run -p floodgate-redis --example library`.
+//! it): `cargo run -p floodgate-redis --example library_redis`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 

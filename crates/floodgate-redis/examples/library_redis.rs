@@ -5,8 +5,8 @@
 //!
 //! ```sh
 //! redis-server --port 6379 &
-//! cargo run -p floodgate-redis --example library              # redis://127.0.0.1:6379
-//! FLOODGATE_REDIS=redis://10.0.0.5:6379 cargo run -p floodgate-redis --example library
+//! cargo run -p floodgate-redis --example library_redis  # redis://127.0.0.1:6379
+//! FLOODGATE_REDIS=redis://10.0.0.5:6379 cargo run -p floodgate-redis --example library_redis
 //! ```
 //!
 //! When Redis fails or is slow (over `RedisConfig::timeout`, 100 ms by
