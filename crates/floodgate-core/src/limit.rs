@@ -490,9 +490,9 @@ impl Limit {
             return Err(LimitError::ChargeAfterShaper);
         }
         if charge != self.charge {
-            // Before keeps the fingerprint every earlier release wrote.
-            let base = if self.charge == Charge::After { self.fingerprint ^ AFTER_SALT } else { self.fingerprint };
-            self.fingerprint = if charge == Charge::After { base ^ AFTER_SALT } else { base };
+            // Two values: the salt toggles, so `Before` keeps the
+            // fingerprint every earlier release wrote.
+            self.fingerprint ^= AFTER_SALT;
             self.charge = charge;
         }
         Ok(self)
@@ -573,7 +573,7 @@ impl fmt::Display for Limit {
             Algorithm::LeakyBucket { mode, .. } => write!(f, " burst {} {}", self.burst, mode.as_str()),
             _ => Ok(()),
         }?;
-        if self.charge == Charge::After { write!(f, " charged after") } else { Ok(()) }
+        if self.charge == Charge::After { write!(f, " charged {}", self.charge.as_str()) } else { Ok(()) }
     }
 }
 

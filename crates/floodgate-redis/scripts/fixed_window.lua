@@ -9,6 +9,14 @@
 
 ALG.fw = { string = true }
 
+-- How long count `c` keeps the key from `until_end` (the rest of its
+-- window): that window, then one more per limit's worth beyond it (debt,
+-- a limit's worth paid off per window), at most 2^53 - 1 us.
+local function fw_lasts(until_end, c, l, w)
+  if c <= l then return until_end end
+  return math.min(until_end + divmod(c - 1, l) * w, MAXN)
+end
+
 function ALG.fw.apply(key, l, w, _, hits, now)
   local s = numbers(key, 2)
   local id, count = 0, 0
@@ -23,11 +31,10 @@ function ALG.fw.apply(key, l, w, _, hits, now)
     moved = s ~= nil
   end
   local until_end = w - e
-  -- Until the count is paid off: this window, one more per limit's worth.
-  -- (At most 2^53 - 1 us, as every wait a store reports.)
+  -- Until the count is paid off (none: 0).
   local function reset_of(c)
     if c <= 0 then return 0 end
-    return math.min(until_end + divmod(c - 1, l) * w, MAXN)
+    return fw_lasts(until_end, c, l, w)
   end
   -- Every region's count (global), or this one's.
   local seen = count + remote(id)
@@ -35,7 +42,7 @@ function ALG.fw.apply(key, l, w, _, hits, now)
     local add = math.min(hits, MAXN - count)
     count = count + add
     seen = seen + add
-    if add > 0 or moved then put(key, math.max(reset_of(count), until_end), id, count) end
+    if add > 0 or moved then put(key, fw_lasts(until_end, count, l, w), id, count) end
     return true, math.max(l - seen, 0), reset_of(seen), -1, 0
   end
   local reset, retry = reset_of(seen), -1
@@ -47,7 +54,7 @@ function ALG.fw.apply(key, l, w, _, hits, now)
   end
   -- The window moved on: keep that (it is the same state), so a clock
   -- that steps back later sees what the memory store sees.
-  if moved then put(key, math.max(reset_of(count), until_end), id, count) end
+  if moved then put(key, fw_lasts(until_end, count, l, w), id, count) end
   return false, math.max(l - seen, 0), reset, retry, 0
 end
 
@@ -65,8 +72,6 @@ function ALG.fw.refund(key, l, w, _, hits, at, now)
   if divmod(at, w) ~= id then return end
   count = count - math.min(hits, count)
   local wid, e = divmod(math.max(now, at), w)
-  local ttl = (id - wid) * w + w - e
   -- Debt still to pay off keeps the key for the windows it takes.
-  if count > l then ttl = math.min(ttl + divmod(count - 1, l) * w, MAXN) end
-  put(key, ttl, id, count)
+  put(key, fw_lasts((id - wid) * w + w - e, count, l, w), id, count)
 end

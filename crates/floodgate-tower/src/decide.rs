@@ -109,15 +109,20 @@ impl<S: Store> RulesDecider<S> {
     }
 }
 
-/// Every planned limit takes one hit, but a limit charged after the work
-/// (`charge: after`), which is only gated here (hits 0): its cost is
-/// charged by whoever learns it (the service's APIs, Envoy's stream-end
-/// call), not by a request passing through.
+/// What a request passing through asks of `limit`: one hit, or on a limit
+/// charged after the work (`charge: after`) only the gate (hits 0): its
+/// cost is charged by whoever learns it (the service's APIs, Envoy's
+/// stream-end call), not by a request passing through.
+fn passing_hits(limit: &Limit) -> u64 {
+    u64::from(limit.charge() == Charge::Before)
+}
+
+/// Every planned limit's check for a request passing through.
 fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
     let mut checks = rules::checks_of(planned, |_| (1, Op::Take));
     for c in &mut checks {
-        if c.rule.limit.as_ref().is_some_and(|l| l.charge() == Charge::After) {
-            c.hits = 0;
+        if let Some(l) = &c.rule.limit {
+            c.hits = passing_hits(l);
         }
     }
     checks
@@ -275,8 +280,7 @@ pub struct KeyedLimit<S> {
     rule: Rule,
     key: Key,
     limiter: Limiter<S>,
-    /// What a request asks: 1, or 0 (the gate) on a limit charged after
-    /// the work, whose cost is charged by whoever learns it.
+    /// What a request asks ([`passing_hits`]).
     hits: u64,
 }
 
@@ -293,7 +297,7 @@ impl<S: Store> KeyedLimit<S> {
     /// ([`Charge::After`]) it only asks the gate, and the cost is charged
     /// into `store` by whoever learns it.
     pub fn new(limit: Limit, key: Key, store: S) -> Self {
-        let hits = u64::from(limit.charge() == Charge::Before);
+        let hits = passing_hits(&limit);
         Self {
             rule: Rule::from_limit(limit, "tower".to_owned()),
             key,
@@ -534,15 +538,9 @@ mod tests {
         let m = rules.matches("api", &[("tenant", "acme")]).unwrap();
         let (key, limit) = (m.counter_key(0), m.rules[0].limit.clone().unwrap());
         let decider = RulesDecider::new(rules, "api", MemoryStore::new());
-        let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
-        let mut headers = http::HeaderMap::new();
-        headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
-        let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
-        for _ in 0..5 {
-            assert!(at_once(decider.decide(&facts)).unwrap().allowed, "a gate takes nothing");
-        }
-        assert!(decider.limiter.store().apply_sync(&key, &limit, 3).unwrap().allowed, "a late charge: debt");
-        assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts on the debt");
+        gated_not_charged(&decider, "x-tenant", "acme", || {
+            assert!(decider.limiter.store().apply_sync(&key, &limit, 3).unwrap().allowed, "a late charge: debt");
+        });
     }
 
     #[test]
@@ -551,15 +549,24 @@ mod tests {
         let limit = limit.with_charge(Charge::After).unwrap();
         let decider =
             KeyedLimit::new(limit.clone(), Key::Header(HeaderName::from_static("x-user")), MemoryStore::new());
+        gated_not_charged(&decider, "x-user", "alice", || {
+            assert!(decider.store().apply_sync("alice", &limit, 2).unwrap().allowed, "the cost, charged after");
+        });
+    }
+
+    /// Requests with `header: value` through `decider`, whose limit is
+    /// charged after the work: they pass its gate and take nothing; once
+    /// `charge` spends the budget in the store, the gate shuts.
+    fn gated_not_charged(decider: &impl Decide, header: &'static str, value: &'static str, charge: impl FnOnce()) {
         let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
         let mut headers = http::HeaderMap::new();
-        headers.insert("x-user", http::HeaderValue::from_static("alice"));
+        headers.insert(header, http::HeaderValue::from_static(value));
         let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
         for _ in 0..5 {
             assert!(at_once(decider.decide(&facts)).unwrap().allowed, "a gate takes nothing");
         }
-        assert!(decider.store().apply_sync("alice", &limit, 2).unwrap().allowed, "the cost, charged after");
-        assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts");
+        charge();
+        assert!(!at_once(decider.decide(&facts)).unwrap().allowed, "the gate shuts on the debt");
     }
 
     #[test]

@@ -293,7 +293,7 @@ impl RedisStore {
 /// over-limit cache: one hit taken before the work (a late charge is never
 /// denied; a refund never is).
 fn cacheable(c: &Check<'_>) -> bool {
-    c.hits == 1 && c.op == CoreOp::Take && c.limit.charge() == floodgate_core::Charge::Before
+    c.hits == 1 && c.takes_back_on_denial()
 }
 
 /// A queued request's part of a batch's reply, with its keys given back.

@@ -61,20 +61,18 @@ impl FileParser<'_> {
             },
         };
         let scope = self.scope(&f, field);
-        if let (Some((c, pos)), Scope::Global(_)) = (&f.charge, scope)
-            && c == "after"
-        {
-            self.error(
-                *pos,
-                &format!("{field}.charge"),
-                "charge: after is not yet supported with scope: global (a late charge is exempt from the bounded slice, which the regions do not yet track): use scope: region",
-            );
-        }
         let (limit, local_limit) = if f.unlimited {
             self.check_unlimited(&f, field);
             (None, None)
         } else {
             let limit = self.limited(&f, node, field)?;
+            if let (Charge::After, Scope::Global(_), Some((_, pos))) = (limit.charge(), scope, &f.charge) {
+                self.error(
+                    *pos,
+                    &format!("{field}.charge"),
+                    "charge: after is not yet supported with scope: global (a late charge is exempt from the bounded slice, which the regions do not yet track): use scope: region",
+                );
+            }
             let local = self.local_limit(&limit, failure_mode, f.local_share, field);
             (Some(limit), local)
         };
