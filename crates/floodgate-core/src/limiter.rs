@@ -386,4 +386,19 @@ descriptors:
         let admitted = (0..5).filter(|_| check(&l, &local, 1).allowed).count();
         assert_eq!(admitted, 2);
     }
+
+    /// A refund the store could not take is lost and denies nothing,
+    /// whatever the rule's failure policy (budgets.md, "Refunds").
+    #[test]
+    fn a_refund_the_store_cannot_take_is_answered_open_whatever_the_policy() {
+        let rules = RuleSet::from_yaml("d.yaml", RULES).unwrap();
+        let l = limiter(MemoryStore::builder().clock(ManualClock::new(0)).build());
+        for key in ["a", "closed", "local"] {
+            let r = req(&rules, &[(key, "x")]);
+            let refund = RuleCheck { key: &r.keys[0], rule: r.rules[0], hits: 2, op: Op::Refund };
+            let v = l.verdict(&refund, Err(StoreError::Unavailable("down".into())));
+            assert!(!v.denies(), "{key}: a refund denies nothing");
+            assert!(v.failure.is_some(), "{key}: the store's failure is reported");
+        }
+    }
 }
