@@ -9,7 +9,8 @@
 //!                     repeated string regions = 7; repeated SyncIncarnation incarnations = 8; }
 //! message SyncItem  { string key = 1; uint64 fingerprint = 2; uint32 kind = 3; uint64 slot_us = 4;
 //!                     uint32 horizon = 5; repeated SyncComponent components = 6; }
-//! message SyncComponent { uint32 region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4; }
+//! message SyncComponent { uint32 region = 1; uint64 incarnation = 2; uint64 slot = 3; uint64 count = 4;
+//!                         uint64 back = 5; }
 //! message SyncIncarnation { uint32 region = 1; uint64 incarnation = 2; uint64 recorded_us = 3;
 //!                           uint64 dead_us = 4; uint64 count = 5; }
 //! // region: an index into the batch's regions
@@ -104,9 +105,13 @@ pub struct SyncComponent {
     /// The slot.
     #[prost(uint64, tag = "3")]
     pub slot: u64,
-    /// Hits admitted.
+    /// Hits taken.
     #[prost(uint64, tag = "4")]
     pub count: u64,
+    /// Hits given back (0 from a peer built before refunds crossed regions:
+    /// it keeps what it was sent until the slot ends, as it did).
+    #[prost(uint64, tag = "5")]
+    pub back: u64,
 }
 
 /// An acknowledgement on the wire.
@@ -182,6 +187,7 @@ impl SyncBatch {
                                 incarnation: c.incarnation,
                                 slot: c.slot,
                                 count: c.count,
+                                back: c.back,
                             })
                             .collect(),
                     }
@@ -265,6 +271,7 @@ impl SyncBatch {
                     incarnation: c.incarnation,
                     slot: c.slot,
                     count: c.count,
+                    back: c.back,
                 });
             }
             items.push(Item { key: item.key, fingerprint: item.fingerprint, shape, components });
@@ -370,7 +377,7 @@ mod tests {
                 key: "api|user=alice#0".into(),
                 fingerprint: 42,
                 shape: Shape::Windowed { slot_us: 60_000_000, horizon: 1 },
-                components: vec![Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5 }],
+                components: vec![Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5, back: 2 }],
             }],
             complete: true,
             incarnations: vec![Incarnation { region: 0, incarnation: 5, recorded_us: 10, dead_us: 20, count: 1 }],
@@ -479,6 +486,7 @@ impl floodgate_core::region::BatchSink for BatchEncoder {
                 + varint_field_len(2, c.incarnation)
                 + varint_field_len(3, c.slot)
                 + varint_field_len(4, c.count)
+                + varint_field_len(5, c.back)
         };
         let item_len = len_field_len(1, key.len())
             + varint_field_len(2, fingerprint)
@@ -500,6 +508,7 @@ impl floodgate_core::region::BatchSink for BatchEncoder {
             varint_field(2, c.incarnation, b);
             varint_field(3, c.slot, b);
             varint_field(4, c.count, b);
+            varint_field(5, c.back, b);
         }
     }
 }
@@ -550,8 +559,8 @@ mod encoder_tests {
                 42u64,
                 Shape::Windowed { slot_us: 60_000_000, horizon: 1 },
                 vec![
-                    Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5 },
-                    Component { region: 2, incarnation: 0, slot: 0, count: 0 },
+                    Component { region: 0, incarnation: 7, slot: 28_333_380, count: 5, back: 2 },
+                    Component { region: 2, incarnation: 0, slot: 0, count: 0, back: 0 },
                 ],
             ),
             ("k", 0, Shape::Gcra { slot_us: 250_000 }, vec![]),

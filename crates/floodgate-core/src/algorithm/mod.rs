@@ -48,11 +48,18 @@ impl Limit {
         self.dispatch(state, now_us, hits, false, |d| d)
     }
 
+    /// A late charge of `hits` whatever this limit's own charge (a
+    /// reservation settled above its estimate): counted into debt if need
+    /// be, never denied, saturating at [`MAX_LIMIT`](crate::MAX_LIMIT).
+    pub(crate) fn charge_late(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+        self.dispatch(state, now_us, hits.min(crate::MAX_LIMIT), true, |d| d)
+    }
+
     /// [`Limit::apply`] of a limit charged after the work.
     #[inline(never)]
     fn after_work(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
         if hits > 0 {
-            return self.dispatch(state, now_us, hits.min(crate::MAX_LIMIT), true, |d| d);
+            return self.charge_late(state, now_us, hits);
         }
         // The gate: what a peek sees, unless nothing is left; then the
         // denial of one hit (which leaves the state as it was), with its

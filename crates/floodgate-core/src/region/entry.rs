@@ -18,21 +18,30 @@ pub(crate) struct RuleMeta {
     pub(crate) fingerprint: u64,
 }
 
-/// A peer region's (or an earlier incarnation's) count in one slot.
+/// A peer region's (or an earlier incarnation's) count in one slot: hits
+/// taken and hits given back, each the largest heard.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Comp {
     pub(crate) region: u16,
     pub(crate) incarnation: u64,
     pub(crate) count: u64,
+    pub(crate) back: u64,
 }
 
-/// One slot: this region's own count, what each peer acknowledged of it,
-/// and the other components.
+/// One slot: this region's own counts, what each peer acknowledged of
+/// them, and the other components.
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
     pub(crate) id: u64,
+    /// Hits taken here: admitted, and charged after the work (`late`).
     pub(crate) own: u64,
-    /// Per peer: the largest own count it acknowledged.
+    /// Of `own`, the hits charged after the work: never refused, so exempt
+    /// from the bounded slice (and not what acknowledgements measure).
+    pub(crate) late: u64,
+    /// Hits given back here (refunds), never decreasing.
+    pub(crate) back: u64,
+    /// Per peer: the largest count of admitted hits (`own - late`) it
+    /// acknowledged.
     pub(crate) acked: Box<[u64]>,
     pub(crate) comps: Vec<Comp>,
 }
@@ -43,18 +52,29 @@ impl Slot {
     /// nothing for it).
     fn new(id: u64, peers: usize, acks: bool) -> Self {
         let acked = if acks { vec![0; peers].into_boxed_slice() } else { Box::default() };
-        Slot { id, own: 0, acked, comps: Vec::new() }
+        Slot { id, own: 0, late: 0, back: 0, acked, comps: Vec::new() }
     }
 
-    fn total(&self) -> u64 {
-        self.comps.iter().fold(self.own, |s, c| s.saturating_add(c.count))
+    /// Every region's hits in the slot: each component's taken less given
+    /// back, never below zero.
+    pub(crate) fn total(&self) -> u64 {
+        self.comps
+            .iter()
+            .fold(self.own.saturating_sub(self.back), |s, c| s.saturating_add(c.count.saturating_sub(c.back)))
     }
 
-    /// Own hits not yet acknowledged by every peer (0 where acks are not
-    /// kept: eventual rules).
+    /// Own hits admitted at request time (the slice's concern).
+    pub(crate) fn admitted(&self) -> u64 {
+        self.own.saturating_sub(self.late)
+    }
+
+    /// Own admitted hits not yet acknowledged by every peer (0 where acks
+    /// are not kept: eventual rules). Late charges are not counted: they
+    /// cannot be refused, so the slice does not bound them.
     fn unacked(&self) -> u64 {
-        let least = self.acked.iter().copied().min().unwrap_or(self.own);
-        self.own.saturating_sub(least)
+        let admitted = self.admitted();
+        let least = self.acked.iter().copied().min().unwrap_or(admitted);
+        admitted.saturating_sub(least)
     }
 }
 
@@ -256,15 +276,25 @@ impl Entry {
     /// family: over the local bucket, peers' debt included), then the
     /// caps; admitted hits join this region's own component. Returns the
     /// decision and whether the own component changed.
+    ///
+    /// `late`: the hits are charged after the work whatever the limit's own
+    /// charge (a reservation settled above its estimate). A limit charged
+    /// after the work (`Charge::After`) charges every hit ≥ 1 late. A late
+    /// charge is never denied, by the algorithm or by the caps (the slice
+    /// does not bound it), and counts into debt as in one region.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn decide(
         &mut self,
         limit: &Limit,
         now: u64,
         hits: u64,
+        late: bool,
         peers: usize,
         caps: Caps,
         deaths: &Incarnations,
     ) -> (Decision, Send) {
+        let late = hits > 0 && (late || limit.charge() == crate::Charge::After);
+        let apply = |s: &mut State| if late { limit.charge_late(s, now, hits) } else { limit.apply(s, now, hits) };
         let (Some(mode), Some(shape)) = (self.rule.as_ref().map(|r| r.mode), self.shape) else {
             return (Decision::deny(0, 0, 0, None), Send::No);
         };
@@ -292,7 +322,7 @@ impl Entry {
                     self.deaths_seen = u32::try_from(seen).unwrap_or(u32::MAX);
                 }
                 let mut t = self.tat.clone();
-                (limit.apply(&mut t, now, hits), Some(t))
+                (apply(&mut t), Some(t))
             }
             (Shape::Windowed { horizon, slot_us }, algorithm) => {
                 let charge = if crash_slice > 0 {
@@ -302,7 +332,7 @@ impl Entry {
                     0
                 };
                 let mut synth = self.synthetic(algorithm, cur, horizon, charge);
-                (limit.apply(&mut synth, now, hits), None)
+                (apply(&mut synth), None)
             }
         };
         if !d.allowed || hits == 0 {
@@ -313,7 +343,7 @@ impl Entry {
             Shape::Gcra { .. } => limit.burst(),
             Shape::Windowed { .. } => limit.limit(),
         };
-        let own: u64 = self.slots.iter().map(|s| s.own).sum();
+        let own: u64 = self.slots.iter().map(Slot::admitted).sum();
         let unacked: u64 = self.slots.iter().map(Slot::unacked).sum();
         let cap = match mode {
             SyncMode::Bounded { overshoot_ppm } if caps.closed => {
@@ -336,6 +366,7 @@ impl Entry {
         };
         if let Some((left, whole)) = cap
             && hits > left
+            && !late
         {
             // Acknowledgements (or the peers' state) free it, about a sync
             // round trip from now: the hint; a request larger than the
@@ -350,6 +381,9 @@ impl Entry {
         }
         let slot = self.slot_mut(cur, peers);
         slot.own = slot.own.saturating_add(hits);
+        if late {
+            slot.late = slot.late.saturating_add(hits);
+        }
         self.unsent = self.unsent.saturating_add(hits);
         // A key far below its limit may wait for the lazy period
         // (`lazy::can_wait`); otherwise, and for bounded rules
@@ -412,28 +446,86 @@ impl Entry {
         }
     }
 
-    /// Merge one component from a peer at `now`; whether it changed
-    /// anything. Older than the slots that still count: dropped (its hits
-    /// no longer matter anywhere).
-    pub(crate) fn merge(&mut self, region: u16, incarnation: u64, id: u64, count: u64, now: u64, peers: usize) -> bool {
+    /// A refund at `now` (Envoy's `is_negative_hits`, a negative `hits`):
+    /// give back up to `hits` of this region's own, as one region gives
+    /// back ([`Limit::give_back`]): the window algorithms from the newest
+    /// slot that counts to the oldest (a fixed window: its current one),
+    /// never more than this region took in a slot; the GCRA family moves
+    /// its bucket back, by no more than this region's own hits in the slots
+    /// it keeps. Hits another region took are not given back here: the
+    /// regions' counts stay per region, so a refund can only lower this
+    /// region's. Returns the hits given back; the slot's `back` carries
+    /// them to the peers, who give them back exactly (merged by maximum,
+    /// as a charge is).
+    pub(crate) fn give_back(&mut self, now: u64, hits: u64, peers: usize) -> u64 {
+        let (Some(shape), Some(limit)) = (self.shape, self.rule.as_ref().map(|r| r.limit.clone())) else { return 0 };
+        self.prune(now);
+        let cur = now / shape.slot_us();
+        match shape {
+            Shape::Gcra { .. } => {
+                let (own, back) = self
+                    .slots
+                    .iter()
+                    .fold((0u64, 0u64), |(o, b), s| (o.saturating_add(s.own), b.saturating_add(s.back)));
+                let given = hits.min(own.saturating_sub(back));
+                if given > 0 {
+                    limit.refund(&mut self.tat, now, now, given);
+                    let slot = self.slot_mut(cur, peers);
+                    slot.back = slot.back.saturating_add(given);
+                }
+                given
+            }
+            Shape::Windowed { .. } => {
+                let mut left = hits;
+                for s in self.slots.iter_mut().rev().filter(|s| s.id <= cur) {
+                    let g = left.min(s.own.saturating_sub(s.back));
+                    s.back += g;
+                    left -= g;
+                    if left == 0 {
+                        break;
+                    }
+                }
+                hits - left
+            }
+        }
+    }
+
+    /// Merge one component from a peer at `now` (hits taken, `count`, and
+    /// given back, `back`); whether it changed anything. Older than the
+    /// slots that still count: dropped (its hits no longer matter
+    /// anywhere).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn merge(
+        &mut self,
+        region: u16,
+        incarnation: u64,
+        id: u64,
+        count: u64,
+        back: u64,
+        now: u64,
+        peers: usize,
+    ) -> bool {
         let Some(shape) = self.shape else { return false };
         let cur = now / shape.slot_us();
         if id.saturating_add(shape.horizon()) <= cur {
             return false;
         }
         let slot = self.slot_mut(id, peers);
-        let delta = match slot.comps.iter_mut().find(|c| c.region == region && c.incarnation == incarnation) {
-            Some(c) if count > c.count => {
-                let d = count - c.count;
-                c.count = count;
+        let (delta, given) = match slot.comps.iter_mut().find(|c| c.region == region && c.incarnation == incarnation) {
+            Some(c) => {
+                let d = (count.saturating_sub(c.count), back.saturating_sub(c.back));
+                c.count = c.count.max(count);
+                c.back = c.back.max(back);
                 d
             }
-            Some(_) => return false,
             None => {
-                slot.comps.push(Comp { region, incarnation, count });
-                count
+                slot.comps.push(Comp { region, incarnation, count, back });
+                (count, back)
             }
         };
+        if delta == 0 && given == 0 {
+            return false;
+        }
         if delta > 0
             && let Shape::Gcra { slot_us } = shape
         {
@@ -454,7 +546,17 @@ impl Entry {
                 }
             }
         }
-        delta > 0
+        if given > 0
+            && let Shape::Gcra { .. } = shape
+        {
+            // Given back in the peer's bucket: given back in this one (never
+            // past full), as the debt was poured in (after the debt, when both came).
+            match &self.rule {
+                Some(r) => r.limit.refund(&mut self.tat, now, now, given),
+                None => self.pending = self.pending.saturating_sub(given),
+            }
+        }
+        true
     }
 
     /// Record that peer `p` acknowledged own count `count` in slot `id`.

@@ -237,6 +237,83 @@ impl GlobalTable {
     /// then the slice (`bounded`, or while warming); admitted hits are
     /// queued for every peer.
     pub fn apply(&self, key: &str, limit: &Limit, mode: SyncMode, hits: u64, now: u64) -> Result<Decision, StoreError> {
+        self.take(key, limit, mode, hits, false, now)
+    }
+
+    /// A late charge of `hits` for `key` at `now`, whatever the limit's own
+    /// charge (a reservation settled above its estimate): counted, never
+    /// denied, and exempt from the bounded slice (it cannot be refused, so
+    /// the cap holds on what is admitted at request time, plus late charges
+    /// not yet acknowledged). On a limit charged after the work
+    /// ([`crate::Charge::After`]) [`GlobalTable::apply`] charges so already.
+    pub fn charge_late(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        hits: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        self.take(key, limit, mode, hits, true, now)
+    }
+
+    /// A refund of `hits` for `key` at `now`: given back from this region's
+    /// own count (see `Entry::give_back`), and carried to every peer as a
+    /// count given back, merged by maximum as a charge is: once they have
+    /// it, every region counts the key as if the hits had never been taken.
+    /// Returns what a peek answers afterwards, and the hits given back.
+    pub fn give_back(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        hits: u64,
+        now: u64,
+    ) -> Result<(Decision, u64), StoreError> {
+        let peers = self.links.len();
+        self.with_entry(key, limit, mode, now, |entry, caps| {
+            let given = entry.give_back(now, hits, peers);
+            if given > 0 {
+                self.queue_for_peers(entry, || OwnedKey::new(key));
+            }
+            (entry.decide(limit, now, 0, false, peers, caps, &self.incarnations).0, given)
+        })
+    }
+
+    fn take(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        hits: u64,
+        late: bool,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        let peers = self.links.len();
+        self.with_entry(key, limit, mode, now, |entry, caps| {
+            let (d, send) = entry.decide(limit, now, hits, late, peers, caps, &self.incarnations);
+            match send {
+                Send::Now => self.queue_for_peers(entry, || OwnedKey::new(key)),
+                Send::Later if !entry.lazy => {
+                    entry.lazy = true;
+                    self.lazy.wait(now, OwnedKey::new(key));
+                }
+                Send::Later | Send::No => {}
+            }
+            d
+        })
+    }
+
+    /// `f` on `key`'s entry (made if new) with its rule set to `limit`
+    /// under `mode`, and the caps at `now`, under the shard's lock.
+    fn with_entry<R>(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        now: u64,
+        f: impl FnOnce(&mut Entry, Caps) -> R,
+    ) -> Result<R, StoreError> {
         let Some(shape) = shape_of(limit) else {
             return Err(StoreError::Unavailable(
                 "sliding_log cannot be global: use sliding_buckets or gcra, or scope: region".to_owned(),
@@ -254,16 +331,7 @@ impl GlobalTable {
         let mut shard = lock(self.shard(key.as_bytes()));
         let decide = |entry: &mut Entry| {
             entry.set_rule(limit, mode, shape, peers, || self.shared(limit));
-            let (d, send) = entry.decide(limit, now, hits, peers, caps, &self.incarnations);
-            match send {
-                Send::Now => self.queue_for_peers(entry, || OwnedKey::new(key)),
-                Send::Later if !entry.lazy => {
-                    entry.lazy = true;
-                    self.lazy.wait(now, OwnedKey::new(key));
-                }
-                Send::Later | Send::No => {}
-            }
-            d
+            f(entry, caps)
         };
         // One lookup on the common path (the key is known).
         if let Some(entry) = shard.get_mut(key.as_bytes()) {
@@ -336,7 +404,7 @@ impl GlobalTable {
         let mut shard = lock(self.shard(key.as_bytes()));
         let Some(e) = shard.get_mut(key.as_bytes()) else { return Vec::new() };
         e.prune(now);
-        e.slots.iter().map(|s| (s.id, s.comps.iter().fold(s.own, |t, c| t.saturating_add(c.count)))).collect()
+        e.slots.iter().map(|s| (s.id, s.total())).collect()
     }
 
     /// Own hits of `key` not yet acknowledged by every peer.
@@ -445,7 +513,7 @@ impl GlobalTable {
                 let cur = entry.current_slot(now).unwrap_or(0);
                 if c.slot.saturating_add(item.shape.horizon()) <= cur {
                     self.stale.fetch_add(1, Ordering::Relaxed);
-                } else if entry.merge(region, c.incarnation, c.slot, c.count, now, peers) {
+                } else if entry.merge(region, c.incarnation, c.slot, c.count, c.back, now, peers) {
                     self.merges.fetch_add(1, Ordering::Relaxed);
                     relay |= region != sender || c.incarnation != batch.from_incarnation;
                 } else {
@@ -544,6 +612,7 @@ impl GlobalTable {
                             incarnation: c.incarnation,
                             slot: s.id,
                             count: c.count,
+                            back: c.back,
                         })
                     }));
                     sink.item(key.as_str(), 0, shape, &components);
@@ -556,10 +625,18 @@ impl GlobalTable {
             let bounded = matches!(rule.mode, SyncMode::Bounded { .. });
             components.clear();
             for s in &entry.slots {
-                if s.own > 0 || full {
-                    components.push(Component { region: 0, incarnation: self.incarnation, slot: s.id, count: s.own });
+                if s.own > 0 || s.back > 0 || full {
+                    components.push(Component {
+                        region: 0,
+                        incarnation: self.incarnation,
+                        slot: s.id,
+                        count: s.own,
+                        back: s.back,
+                    });
                     if bounded {
-                        sent.push((key.clone(), s.id, s.own));
+                        // What an acknowledgement confirms: the hits
+                        // admitted so far (late charges are not sliced).
+                        sent.push((key.clone(), s.id, s.admitted()));
                     }
                 }
                 if all {
@@ -569,6 +646,7 @@ impl GlobalTable {
                             incarnation: c.incarnation,
                             slot: s.id,
                             count: c.count,
+                            back: c.back,
                         });
                     }
                 }
@@ -734,13 +812,9 @@ impl GlobalTable {
             out,
             |c| match (c.scope, c.op) {
                 (Scope::Global(mode), Op::Take) => self.apply(c.key, c.limit, mode, c.hits, now),
-                // A refund of a global limit gives back this region's own
-                // count (see `Entry::refund`): the regions that heard the
-                // hits keep them until their slot ends.
-                (Scope::Global(mode), Op::Refund) => {
-                    self.refund(c.key, c.hits, now, now);
-                    self.apply(c.key, c.limit, mode, 0, now)
-                }
+                // Given back from this region's own count, and to every
+                // peer as a count given back (see `GlobalTable::give_back`).
+                (Scope::Global(mode), Op::Refund) => self.give_back(c.key, c.limit, mode, c.hits, now).map(|(d, _)| d),
                 (Scope::Region, Op::Take) => store.apply_at(c.key, c.limit, c.hits, now),
                 (Scope::Region, Op::Refund) => Ok(store.give_back_at(c.key, c.limit, c.hits, now)),
             },

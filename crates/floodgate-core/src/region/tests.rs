@@ -137,6 +137,81 @@ fn the_caps_hold_for_synchronized_bursts_across_three_regions() {
 }
 
 #[test]
+fn a_refund_reaches_every_region_exactly_and_replays_change_nothing() {
+    let t = tables(&["a", "b", "c"]);
+    sync_all(&t, 0);
+    let e = SyncMode::Eventual;
+    for l in [fixed(10), Limit::new(Algorithm::SlidingWindow, 10, Duration::from_secs(60)).unwrap()] {
+        let key = format!("k:{}", l.algorithm().kind().as_str());
+        assert_eq!(admitted(&t[0], &key, &l, e, 6, S), 6);
+        assert_eq!(admitted(&t[1], &key, &l, e, 4, S), 4);
+        sync_all(&t, S);
+        assert_eq!(admitted(&t[2], &key, &l, e, 1, S), 0, "c sees 10 of 10");
+        // a gives back 5 of its 6; b's 4 are b's to give back, not a's.
+        let (after, given) = t[0].give_back(&key, &l, e, 5, 2 * S).unwrap();
+        assert_eq!((given, after.remaining), (5, 5));
+        let (_, given) = t[0].give_back(&key, &l, e, 9, 2 * S).unwrap();
+        assert_eq!(given, 1, "never more than a took");
+        // A batch carrying the refund, delivered twice and out of order
+        // with an older one, gives back once.
+        let p = t[0].peer_index("c").unwrap();
+        let batch = t[0].next_batch(p, 2 * S).unwrap();
+        t[2].receive(&batch, 2 * S);
+        t[2].receive(&batch, 2 * S);
+        sync_all(&t, 2 * S);
+        for (i, r) in t.iter().enumerate() {
+            assert_eq!(r.view(&key, 2 * S), vec![(0, 4)], "region {i} counts b's 4 only");
+        }
+        assert_eq!(admitted(&t[2], &key, &l, e, 10, 2 * S), 6, "c admits what a gave back");
+    }
+}
+
+#[test]
+fn a_gcra_refund_moves_every_regions_bucket_back() {
+    let t = tables(&["a", "b"]);
+    sync_all(&t, 0);
+    let l = Limit::new(Algorithm::Gcra { burst: None }, 10, Duration::from_secs(1)).unwrap();
+    let e = SyncMode::Eventual;
+    assert_eq!(admitted(&t[0], "k", &l, e, 10, 5 * S), 10);
+    sync_all(&t, 5 * S);
+    assert_eq!(admitted(&t[1], "k", &l, e, 1, 5 * S), 0);
+    let (_, given) = t[0].give_back("k", &l, e, 4, 5 * S).unwrap();
+    assert_eq!(given, 4);
+    sync_all(&t, 5 * S);
+    assert_eq!(admitted(&t[1], "k", &l, e, 10, 5 * S), 4, "b's bucket moved back by the 4 given back");
+    // b gives back nothing it did not take beyond what it holds: its 4.
+    let (_, given) = t[1].give_back("k", &l, e, 10, 5 * S).unwrap();
+    assert_eq!(given, 4);
+}
+
+#[test]
+fn late_charges_are_never_refused_and_leave_the_slice_to_admissions() {
+    let t = tables(&["a", "b", "c"]);
+    sync_all(&t, 0);
+    // 600 per minute, 5%: each region's slice is 10.
+    let l = fixed(600);
+    let m = SyncMode::Bounded { overshoot_ppm: 50_000 };
+    // Cut off (no acknowledgements): a late charge far beyond the slice is
+    // taken, and the slice still admits its 10.
+    let d = t[0].charge_late("k", &l, m, 50, S).unwrap();
+    assert!(d.allowed);
+    assert_eq!(admitted(&t[0], "k", &l, m, 100, S), 10);
+    assert_eq!(t[0].unacked("k"), 10, "late charges are not what the slice counts");
+    // Past the limit: a late charge is still taken (debt), admissions stop.
+    sync_all(&t, S);
+    assert!(t[0].charge_late("k", &l, m, 600, 2 * S).unwrap().allowed);
+    sync_all(&t, 2 * S);
+    assert_eq!(t[1].view("k", 2 * S), vec![(0, 660)]);
+    assert_eq!(admitted(&t[1], "k", &l, m, 1, 2 * S), 0);
+    // On a limit charged after the work every hit is late, and hits 0 is
+    // the gate.
+    let after = fixed(600).with_charge(crate::Charge::After).unwrap();
+    assert!(t[2].apply("j", &after, m, 500, 3 * S).unwrap().allowed);
+    assert!(t[2].apply("j", &after, m, 500, 3 * S).unwrap().allowed, "debt, not the slice");
+    assert!(!t[2].apply("j", &after, m, 0, 3 * S).unwrap().allowed, "the gate");
+}
+
+#[test]
 fn gcra_usage_arrives_as_debt() {
     let t = tables(&["a", "b"]);
     sync_all(&t, 0);

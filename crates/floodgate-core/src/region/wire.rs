@@ -2,8 +2,9 @@
 //! per-key components and its acknowledgement.
 //!
 //! Every value is state, never a delta: a component is the count one
-//! region's incarnation admitted for one key in one slot, and a receiver
-//! keeps the largest it has seen. A lost batch is healed by the next one; a
+//! region's incarnation took for one key in one slot and the count it gave
+//! back (refunds), each never decreasing, and a receiver keeps the largest
+//! of each it has seen. A lost batch is healed by the next one; a
 //! duplicated, replayed or reordered one changes nothing.
 
 pub use crate::region::incarnations::Incarnation;
@@ -20,8 +21,14 @@ pub struct Component {
     /// The slot: a window or bucket id for the window algorithms; for the
     /// GCRA family, `floor(time / slot_us)`.
     pub slot: u64,
-    /// Hits admitted, never decreasing within a slot.
+    /// Hits taken (admitted, and charged after the work), never decreasing
+    /// within a slot.
     pub count: u64,
+    /// Hits given back (refunds) in the slot, never decreasing: the
+    /// component counts `count - back` (never below zero). The window
+    /// algorithms give back no more than the region took in the slot; the
+    /// GCRA family records its refunds in the slot they were made in.
+    pub back: u64,
 }
 
 /// What kind of counts a key carries, so a receiver that does not know the

@@ -300,7 +300,13 @@ impl RedisStore {
                         });
                         (u32::try_from(idx).unwrap_or(u32::MAX), num(&c[1]))
                     };
-                    components.push(Component { region, incarnation: inc, slot: num(&c[2]), count: num(&c[3]) });
+                    components.push(Component {
+                        region,
+                        incarnation: inc,
+                        slot: num(&c[2]),
+                        count: num(&c[3]),
+                        back: 0,
+                    });
                 }
                 let shape = match kind {
                     1 => Shape::Windowed { slot_us: u, horizon: u32::try_from(h).unwrap_or(1) },
@@ -356,7 +362,7 @@ fn recorded(record: &str, fp: u64, now: u64) -> bool {
 fn own_counts(state: &str, limit: &Limit, incarnation: u64) -> Vec<Component> {
     let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
     let nums: Option<Vec<u64>> = state.split(' ').map(|n| if digits(n) { n.parse().ok() } else { None }).collect();
-    let own = |slot, count| Component { region: 0, incarnation, slot, count };
+    let own = |slot, count| Component { region: 0, incarnation, slot, count, back: 0 };
     let mut out = Vec::new();
     match (limit.algorithm(), nums.as_deref()) {
         (floodgate_core::Algorithm::FixedWindow, Some(&[id, count])) if count > 0 => out.push(own(id, count)),
