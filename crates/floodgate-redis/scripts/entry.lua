@@ -152,6 +152,25 @@ local function refund(key, alg, l, w, p, hits, at, now, spec, code)
   end
 end
 
+-- A decision of `hits` on key, `after`: on a limit charged after the work
+-- (Charge::After). There hits >= 1 is a late charge, admitted whatever the
+-- count (FORCE), and hits 0 the gate: denied once a request of one hit
+-- would be. A global check's peers' counts (REMOTE) are in both.
+local function charged(alg, key, l, w, p, hits, now, after)
+  if not after then return alg.apply(key, l, w, p, hits, now) end
+  if hits > 0 then
+    FORCE = true
+    local allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
+    FORCE = false
+    return allowed, remaining, reset, retry, delay
+  end
+  local allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 0, now)
+  if remaining == 0 then
+    allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 1, now)
+  end
+  return allowed, remaining, reset, retry, delay
+end
+
 local out, o = {}, 0
 local allowed_at = {}
 a, k = 2, 0
@@ -197,20 +216,6 @@ while a <= #ARGV do
         -- No limit: a late charge is taken (nowhere to count it), the
         -- gate and every other hit denied.
         allowed, remaining, reset, retry, delay = (hits == 0 and not after) or (after and hits > 0), 0, 0, -1, 0
-      elseif after then
-        -- Charged after the work (regional: the rules refuse it on a
-        -- global limit). FORCE admits a late charge whatever the count.
-        local key = KEYS[k + i]
-        if hits > 0 then
-          FORCE = true
-          allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
-          FORCE = false
-        else
-          allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 0, now)
-          if remaining == 0 then
-            allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, 1, now)
-          end
-        end
       elseif spec then
         -- Global: decide over every region's counts, then count and cap.
         -- (A window algorithm's key with no G:x, no slice and no warming
@@ -237,15 +242,17 @@ while a <= #ARGV do
           local s = numbers(key, 2)
           if s then before = { s[1], s[2] } else before = { 0, 0 } end
         end
-        allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
+        allowed, remaining, reset, retry, delay = charged(alg, key, l, w, p, hits, now, after)
         REMOTE = nil
         if allowed and hits > 0 and (gcra or spec[3] > 0 or spec[5] > 0 or spec[8] == 1) then
-          local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before)
+          local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before, after)
           if left then
             allowed, retry, delay = false, capped_retry, 0
             remaining = math.min(left, remaining + hits)
           end
         end
+      elseif after then
+        allowed, remaining, reset, retry, delay = charged(alg, KEYS[k + i], l, w, p, hits, now, true)
       else
         allowed, remaining, reset, retry, delay = alg.apply(KEYS[k + i], l, w, p, hits, now)
       end

@@ -267,8 +267,12 @@ end
 -- A global check, after its algorithm admitted `hits` (own state already
 -- updated): count GCRA hits per slot, then the caps (bounded slice, and
 -- the warming cap). Returns nil when within them, else the denial's
--- remaining and retry (the hits given back).
-local function gcommit(key, code, l, w, p, hits, now, spec, alg, before)
+-- remaining and retry (the hits given back). A late charge (`late`) is
+-- counted and never capped: it cannot be refused. (Here the slice counts
+-- it among the own hits not yet acknowledged, which only makes the
+-- admissions after it stricter until peers acknowledge it; a memory region
+-- keeps it apart.)
+local function gcommit(key, code, l, w, p, hits, now, spec, alg, before, late)
   local u, h, slice, peers, warm, retry_us = spec[1], spec[2], spec[3], spec[4], spec[5], spec[6]
   local gcra = code == 'gc' or code == 'sh'
   if not gcra and slice == 0 and warm == 0 and spec[8] ~= 1 then return nil end
@@ -278,7 +282,7 @@ local function gcommit(key, code, l, w, p, hits, now, spec, alg, before)
     redis.call('HINCRBY', gslot(g, cur), 'o', int(hits))
     gslot_expire(g, cur, u, h, now)
   end
-  if slice == 0 and warm == 0 and spec[8] ~= 1 then return nil end
+  if late or (slice == 0 and warm == 0 and spec[8] ~= 1) then return nil end
   local own, unacked = 0, 0
   for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do
     own = own + sc[2]

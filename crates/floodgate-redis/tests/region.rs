@@ -58,7 +58,16 @@ fn limits() -> Vec<Limit> {
         Limit::new(Algorithm::SlidingWindow, 30, s).unwrap(),
         Limit::new(Algorithm::SlidingBuckets { granularity: 4 }, 30, s).unwrap(),
         Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, s).unwrap(),
+        // Charged after the work: every hit a late charge (never refused,
+        // by the algorithm or the caps), hits 0 the gate over every
+        // region's counts.
+        after(Limit::new(Algorithm::SlidingWindow, 30, s).unwrap()),
+        after(Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, s).unwrap()),
     ]
+}
+
+fn after(l: Limit) -> Limit {
+    l.with_charge(floodgate_core::Charge::After).unwrap()
 }
 
 fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limit, mode: SyncMode, ops: &[Op]) {

@@ -394,8 +394,8 @@ pub(crate) struct RegionSimArgs {
     #[arg(long, requires = "regions")]
     pub(crate) split: Option<String>,
     /// steady, burst, round-robin, shift, partition, tiny, heavy,
-    /// many-keys, restart, skew, trickle, crashloop, partition-crash or
-    /// instance-crash.
+    /// many-keys, restart, skew, trickle, crashloop, partition-crash,
+    /// instance-crash or budget (refunds and late charges).
     #[arg(long, default_value = "steady", requires = "regions")]
     pub(crate) pattern: String,
     /// For --pattern crashloop: how often the last region crashes in each

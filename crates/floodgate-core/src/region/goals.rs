@@ -188,7 +188,7 @@ fn goal_row(mode: SyncMode, algorithm: Algorithm, secs: u64, pattern: Pattern, l
     // word, a peer's full state, a relay) meets the 1% loss more often, in
     // 95%. (At 1 s windows every count expires before it matters.)
     let share = match pattern {
-        Pattern::Partition => Some(99),
+        Pattern::Partition | Pattern::Budget => Some(99),
         Pattern::PartitionCrash | Pattern::InstanceCrash => Some(95),
         _ => None,
     };

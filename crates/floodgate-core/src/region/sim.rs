@@ -144,11 +144,20 @@ pub enum Pattern {
     /// are lost. Every region must still learn those hits, and the last
     /// region must admit again.
     InstanceCrash,
+    /// A metered budget (LLM tokens): requests reserve an estimate of 1 to
+    /// limit / 30 hits (an ordinary decision), and each admitted one
+    /// settles in the same region within a tenth of a window (and within
+    /// its slot, so the bounded cap can be checked per slot): the actual
+    /// cost is 0 to twice the estimate, the difference given back (a
+    /// refund) or charged after the work (a late charge, never refused).
+    /// Traffic stops half a window before the end; the regions must then
+    /// agree, refunds included.
+    Budget,
 }
 
 impl Pattern {
     /// Every pattern, in report order.
-    pub const ALL: [Pattern; 14] = [
+    pub const ALL: [Pattern; 15] = [
         Pattern::Steady,
         Pattern::Burst,
         Pattern::RoundRobin,
@@ -163,6 +172,7 @@ impl Pattern {
         Pattern::Crashloop,
         Pattern::PartitionCrash,
         Pattern::InstanceCrash,
+        Pattern::Budget,
     ];
 
     /// The pattern's name.
@@ -182,6 +192,7 @@ impl Pattern {
             Pattern::Crashloop => "crashloop",
             Pattern::PartitionCrash => "partition-crash",
             Pattern::InstanceCrash => "instance-crash",
+            Pattern::Budget => "budget",
         }
     }
 
@@ -202,6 +213,18 @@ pub struct Req {
     pub key: u32,
     /// Its weight.
     pub hits: u64,
+    /// Budget: how it settles, if admitted.
+    pub settle: Option<Settle>,
+}
+
+/// How an admitted request of the budget pattern settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle {
+    /// When, µs after the request.
+    pub after_us: u64,
+    /// The actual cost: below the request's hits, the rest is given back;
+    /// above, the excess is charged after the work.
+    pub actual: u64,
 }
 
 /// One simulation run.
@@ -367,7 +390,7 @@ impl Spec {
                     }
                     let hits = if heavy { 1 + rng.below(heavy_max) } else { 1 };
                     let key = rng.below(u64::from(keys)) as u32;
-                    out.push(Req { at_us: t as u64, region, key, hits });
+                    out.push(Req { at_us: t as u64, region, key, hits, settle: None });
                 }
             };
         let per_us = self.offered * limit as f64 / w as f64;
@@ -390,16 +413,42 @@ impl Spec {
                         for i in 0..burst {
                             // Spread over the last millisecond of its life.
                             let at = t - 1_000 + i * 1_000 / burst;
-                            out.push(Req { at_us: at, region: n - 1, key: 0, hits: 1 });
+                            out.push(Req { at_us: at, region: n - 1, key: 0, hits: 1, settle: None });
                         }
                     }
+                }
+            }
+            Pattern::Budget => {
+                let per_us = per_us / (heavy_max as f64 / 2.0 + 0.5);
+                let stop = end.saturating_sub(w / 2);
+                for r in 0..n {
+                    poisson(&mut out, &mut rng, r, per_us * share(r) * f64::from(keys), 0, stop, true);
+                }
+                // Each settles within a tenth of a window, and within the
+                // slot it was admitted in (a refund then gives back hits of
+                // that slot: the cap check can count it there).
+                let slot = match self.limit.algorithm() {
+                    Algorithm::SlidingBuckets { granularity } => w / u64::from(*granularity),
+                    _ => w,
+                };
+                out.sort_by_key(|q| (q.at_us, q.region, q.key));
+                for q in &mut out {
+                    let abs = T0 + q.at_us;
+                    let left = ((abs / slot + 1) * slot - abs).min(w / 10).max(1);
+                    q.settle = Some(Settle { after_us: rng.below(left), actual: rng.below(2 * q.hits + 1) });
                 }
             }
             Pattern::PartitionCrash => {
                 let (from, _) = self.partition().unwrap_or((0, w));
                 for r in 0..n {
                     for i in 0..10 {
-                        out.push(Req { at_us: from + 10_000 + i * 1_000 + r as u64, region: r, key: 0, hits: 1 });
+                        out.push(Req {
+                            at_us: from + 10_000 + i * 1_000 + r as u64,
+                            region: r,
+                            key: 0,
+                            hits: 1,
+                            settle: None,
+                        });
                     }
                 }
             }
@@ -409,12 +458,12 @@ impl Spec {
                 poisson(&mut out, &mut rng, 0, per_us * share(0), 0, w / 4, false);
                 let burst = self.burst_before_crash();
                 for i in 0..burst {
-                    out.push(Req { at_us: w / 4 + i * 500 / burst, region: n - 1, key: 0, hits: 1 });
+                    out.push(Req { at_us: w / 4 + i * 500 / burst, region: n - 1, key: 0, hits: 1, settle: None });
                 }
                 // Afterwards, the last region asks now and then: once the
                 // dead instance's hits are acknowledged it admits again.
                 for i in 1..(2 * self.windows.max(1)) {
-                    out.push(Req { at_us: w / 4 + i * w / 2, region: n - 1, key: 0, hits: 1 });
+                    out.push(Req { at_us: w / 4 + i * w / 2, region: n - 1, key: 0, hits: 1, settle: None });
                 }
             }
             Pattern::Partition => {
@@ -435,7 +484,7 @@ impl Spec {
                             for i in 0..limit {
                                 // Spread over 1 ms at the window start.
                                 let at = win * w + rng.below(1_000).min(w - 1);
-                                out.push(Req { at_us: at, region: r, key: k, hits: 1 });
+                                out.push(Req { at_us: at, region: r, key: k, hits: 1, settle: None });
                                 let _ = i;
                             }
                         }
@@ -448,11 +497,11 @@ impl Spec {
                     for k in 0..keys {
                         for i in 0..trickle {
                             let at = win * w + (i * w / 2 + w / 4) / trickle;
-                            out.push(Req { at_us: at, region: 0, key: k, hits: 1 });
+                            out.push(Req { at_us: at, region: 0, key: k, hits: 1, settle: None });
                         }
                         for _ in 0..limit {
                             let at = win * w + w / 2 + rng.below(1_000).min(w / 2 - 1);
-                            out.push(Req { at_us: at, region: 1.min(n - 1), key: k, hits: 1 });
+                            out.push(Req { at_us: at, region: 1.min(n - 1), key: k, hits: 1, settle: None });
                         }
                     }
                 }
@@ -466,7 +515,13 @@ impl Spec {
                     for k in 0..keys {
                         for i in 0..per_window {
                             let at = win * w + (i * w + w / 2) / per_window;
-                            out.push(Req { at_us: at.min(win * w + w - 1), region: r % n, key: k, hits: 1 });
+                            out.push(Req {
+                                at_us: at.min(win * w + w - 1),
+                                region: r % n,
+                                key: k,
+                                hits: 1,
+                                settle: None,
+                            });
                             r += 1;
                         }
                     }
@@ -527,14 +582,34 @@ pub struct Report {
     pub lost: u64,
     /// Messages duplicated.
     pub duplicated: u64,
+    /// Budget: hits the regions gave back, and charged after the work.
+    pub refunded: u64,
+    /// Hits charged after the work.
+    pub late: u64,
 }
 
 enum Event {
     Request(usize),
     Tick(usize),
-    Batch { to: usize, batch: Batch },
-    Ack { to: usize, from: usize, ack: Ack },
+    Batch {
+        to: usize,
+        batch: Batch,
+    },
+    Ack {
+        to: usize,
+        from: usize,
+        ack: Ack,
+    },
     Region(Life, usize),
+    /// A budget request settles: in its region, or (`exact`) in the exact
+    /// answer's store.
+    Settle {
+        region: usize,
+        key: u32,
+        hits: u64,
+        actual: u64,
+        exact: bool,
+    },
 }
 
 /// What happens to a region.
@@ -654,6 +729,8 @@ pub fn run(spec: &Spec) -> Report {
     // region's return (partition-crash), or from the instance's death.
     let heal = match spec.pattern {
         Pattern::PartitionCrash | Pattern::InstanceCrash => spec.region_events().last().map(|e| e.0),
+        // Budget: from the last settle.
+        Pattern::Budget => Some((w * spec.windows.max(1)).saturating_sub(w / 2) + w / 10),
         _ => partition.map(|(_, to)| to),
     };
     let last_event = spec.region_events().last().map(|e| e.0);
@@ -679,7 +756,11 @@ pub fn run(spec: &Spec) -> Report {
                         report.last_after_event += req.hits;
                     }
                     *adm.entry((req.key, account_slot(req.region, t))).or_default() += req.hits;
-                    admissions.push(Admission { key: req.key, region: req.region, at: t, hits: req.hits });
+                    admissions.push(Admission { key: req.key, region: req.region, at: t, hits: req.hits as i64 });
+                    if let Some(s) = req.settle {
+                        let (region, key, hits, actual) = (req.region, req.key, req.hits, s.actual);
+                        q.push(t + s.after_us, Event::Settle { region, key, hits, actual, exact: false });
+                    }
                     if spec.pattern == Pattern::Shift && t >= w / 4 {
                         let round = (t - w / 4) / spec.interval_us;
                         if shift_rounds.len() <= round as usize {
@@ -693,6 +774,35 @@ pub fn run(spec: &Spec) -> Report {
                     report.exact += req.hits;
                     *exact_adm.entry((req.key, (T0 + t) / w)).or_default() += req.hits;
                     exact_log.push((t, req.key, req.hits));
+                    if let Some(s) = req.settle {
+                        let (region, key, hits, actual) = (req.region, req.key, req.hits, s.actual);
+                        q.push(t + s.after_us, Event::Settle { region, key, hits, actual, exact: true });
+                    }
+                }
+            }
+            Event::Settle { region, key, hits, actual, exact } => {
+                let k = key as usize;
+                if exact {
+                    let state = &mut exact_state[k];
+                    if actual < hits {
+                        spec.limit.give_back(state, T0 + t, hits - actual);
+                    } else if actual > hits {
+                        spec.limit.charge_late(state, T0 + t, actual - hits);
+                    }
+                } else if !down[region] {
+                    let now = clock(region, t);
+                    if actual < hits {
+                        if let Ok((_, given)) =
+                            tables[region].give_back(&keys[k], &spec.limit, spec.mode, hits - actual, now)
+                        {
+                            report.refunded += given;
+                            admissions.push(Admission { key, region, at: t, hits: -(given as i64) });
+                        }
+                    } else if actual > hits
+                        && tables[region].charge_late(&keys[k], &spec.limit, spec.mode, actual - hits, now).is_ok()
+                    {
+                        report.late += actual - hits;
+                    }
                 }
             }
             Event::Tick(r) if down[r] => q.push(t + spec.interval_us, Event::Tick(r)),
@@ -752,7 +862,9 @@ pub fn run(spec: &Spec) -> Report {
         // ahead of the exact answer; false denials: how far behind they
         // ended.
         let mut keys_seen: std::collections::BTreeMap<u32, (i128, i128, i128)> = std::collections::BTreeMap::new();
-        let mut events: Vec<(u64, u32, i128)> = admissions.iter().map(|a| (a.at, a.key, i128::from(a.hits))).collect();
+        // Admissions only: the exact answer's log has no refunds either.
+        let mut events: Vec<(u64, u32, i128)> =
+            admissions.iter().filter(|a| a.hits > 0).map(|a| (a.at, a.key, i128::from(a.hits))).collect();
         events.extend(exact_log.iter().map(|&(t, k, h)| (t, k, -i128::from(h))));
         events.sort_by_key(|e| (e.0, e.2 < 0));
         for (_, k, d) in events {
@@ -800,7 +912,7 @@ pub fn run(spec: &Spec) -> Report {
         // After a heal: a batch each way. After a region's return (or its
         // instance's): its first word to a peer, that peer's full state
         // back, and a relay on to the others.
-        let hops = if spec.pattern == Pattern::Partition { 2 } else { 3 };
+        let hops = if matches!(spec.pattern, Pattern::Partition | Pattern::Budget) { 2 } else { 3 };
         report.convergence_bound_us =
             hops * (spec.interval_us + spec.wan.max_latency_us() + spec.wan.jitter_us) + batches * spec.interval_us;
         let _ = h;
@@ -812,13 +924,13 @@ fn is_gcra(limit: &Limit) -> bool {
     matches!(limit.algorithm(), Algorithm::Gcra { .. } | Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. })
 }
 
-/// One admitted request.
+/// One admitted request (negative: hits given back).
 #[derive(Debug, Clone, Copy)]
 struct Admission {
     key: u32,
     region: usize,
     at: u64,
-    hits: u64,
+    hits: i64,
 }
 
 /// Whether every window (GCRA family: every interval) stayed within the
@@ -840,6 +952,7 @@ fn cap_holds(
         let b = u128::from(spec.limit.burst());
         report.cap = Some(u64::try_from(c * b / 1_000_000).unwrap_or(u64::MAX));
         let mut by_key: std::collections::HashMap<u32, (i128, i128)> = std::collections::HashMap::new();
+        // Net of refunds: a point just after one is an interval's start too.
         for a in admissions {
             let (f, best) = by_key.entry(a.key).or_insert((0, i128::MAX));
             let t = a.at as i128;
@@ -847,7 +960,9 @@ fn cap_holds(
             *best = (*best).min(before);
             *f += i128::from(a.hits);
             let after = 1_000_000 * w as i128 * *f - (c * l) as i128 * t;
-            if after > (c * b * w) as i128 + *best {
+            if a.hits < 0 {
+                *best = (*best).min(after);
+            } else if after > (c * b * w) as i128 + *best {
                 return false;
             }
         }
@@ -860,16 +975,16 @@ fn cap_holds(
             _ => 1,
         };
         let slot_us = spec.limit.window_us() / horizon;
-        let mut per: std::collections::BTreeMap<(u32, u64), u64> = std::collections::BTreeMap::new();
+        let mut per: std::collections::BTreeMap<(u32, u64), i64> = std::collections::BTreeMap::new();
         for a in admissions {
             *per.entry((a.key, clock(a.region, a.at) / slot_us)).or_default() += a.hits;
         }
         // Any `horizon` consecutive slots.
-        let slots: Vec<((u32, u64), u64)> = per.into_iter().collect();
+        let slots: Vec<((u32, u64), i64)> = per.into_iter().collect();
         slots.iter().enumerate().all(|(i, &((k, s), _))| {
-            let sum: u64 =
+            let sum: i64 =
                 slots[i..].iter().take_while(|((k2, s2), _)| *k2 == k && *s2 < s + horizon).map(|x| x.1).sum();
-            sum <= cap
+            sum <= cap as i64
         })
     }
 }

@@ -492,6 +492,26 @@ mod simulated {
         }
     }
 
+    /// Budget: refunds and late charges reach every region exactly; once
+    /// the traffic stops every region agrees within the heal's bound (the
+    /// refunds included: before they crossed regions, no seed converged).
+    #[test]
+    fn refunds_and_late_charges_converge_across_regions() {
+        for a in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingBuckets { granularity: 10 },
+            Algorithm::Gcra { burst: None },
+        ] {
+            for seed in 1..=3 {
+                let r = run(&Spec::goals(limit(a, 1_000, 10), SyncMode::Eventual, Pattern::Budget, seed));
+                assert!(r.refunded > 0 && r.late > 0, "{:?} seed {seed}: {r:?}", a.kind());
+                let c = r.convergence_us.expect("converged");
+                assert!(c <= r.convergence_bound_us, "{:?} seed {seed}: {c} us: {r:?}", a.kind());
+            }
+        }
+    }
+
     /// A Redis region's instance dies right after a key's first hits, its
     /// state kept: every region learns them, and (bounded) the last region
     /// admits again once they are acknowledged.

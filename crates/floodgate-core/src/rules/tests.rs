@@ -395,8 +395,15 @@ fn charge_after_is_read_and_checked() {
     one_error(&rl("unlimited: true, charge: after"), "unlimited takes no charge");
     one_error(
         &rl("unit: minute, requests_per_unit: 5, charge: after, scope: global"),
-        "charge: after is not yet supported with scope: global",
+        "charge: after with scope: global needs sliding_window, sliding_buckets or gcra",
     );
+    for algorithm in ["sliding_window", "sliding_buckets, granularity: 10", "gcra", "token_bucket"] {
+        let doc =
+            rl(&format!("algorithm: {algorithm}, unit: minute, requests_per_unit: 60, charge: after, scope: global"));
+        let set = load(&doc);
+        let l = set.matches("d", &[("k", "x")]).unwrap().rules[0].limit.clone().unwrap();
+        assert_eq!(l.charge(), crate::Charge::After, "{algorithm}");
+    }
 }
 
 #[test]

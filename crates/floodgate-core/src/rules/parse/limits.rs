@@ -66,11 +66,15 @@ impl FileParser<'_> {
             (None, None)
         } else {
             let limit = self.limited(&f, node, field)?;
-            if let (Charge::After, Scope::Global(_), Some((_, pos))) = (limit.charge(), scope, &f.charge) {
+            if let (Charge::After, Scope::Global(_), Some((_, pos)), crate::Algorithm::FixedWindow) =
+                (limit.charge(), scope, &f.charge, limit.algorithm())
+            {
+                // The regions count per window and forget a window once it
+                // ends; a fixed window's debt lasts into the windows after.
                 self.error(
                     *pos,
                     &format!("{field}.charge"),
-                    "charge: after is not yet supported with scope: global (a late charge is exempt from the bounded slice, which the regions do not yet track): use scope: region",
+                    "charge: after with scope: global needs sliding_window, sliding_buckets or gcra (a fixed window carries its debt into later windows, which the regions' per-window counts cannot carry): set algorithm, or use scope: region",
                 );
             }
             let local = self.local_limit(&limit, failure_mode, f.local_share, field);
