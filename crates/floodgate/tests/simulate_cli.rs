@@ -146,3 +146,28 @@ fn the_bounded_cap_holds_through_a_crashloop_in_100_seeds() {
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--crashes"));
 }
+
+/// Budgets across regions: requests reserve an estimate and settle within a
+/// tenth of a window (the rest given back, the excess charged late). Bounded,
+/// the cap on what is admitted at request time holds in every seed; eventual,
+/// every region agrees once the traffic stops, refunds included.
+#[test]
+fn refunds_and_late_charges_keep_the_cap_and_converge_across_regions() {
+    let common = ["--regions", "a,b,c", "--split", "70,20,10", "--pattern", "budget", "--limit", "1000"];
+    let out = simulate(
+        &[&common[..], &["--window", "1m", "--sync", "bounded", "--overshoot", "5%", "--seeds", "10"]].concat(),
+        "",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("held in 10 of 10 seeds"), "{text}");
+    assert!(text.contains("hits given back") && text.contains("charged after the work"), "{text}");
+    let out = simulate(&[&common[..], &["--window", "10s", "--seeds", "5", "--json"]].concat(), "");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for r in v["runs"].as_array().unwrap() {
+        assert!(r["given_back"].as_u64().unwrap() > 0 && r["charged_late"].as_u64().unwrap() > 0, "{r}");
+        let (c, bound) = (r["convergence_ms"].as_f64(), r["convergence_bound_ms"].as_f64().unwrap());
+        assert!(c.is_some_and(|c| c <= bound), "{r}");
+    }
+}

@@ -249,6 +249,13 @@ fn text_of(spec: &Spec, reports: &[Report]) -> String {
         1.25 * s
     );
     t += &format!("false denials   {fd} ({:.2}% of the exact answer)\n", 100.0 * fd as f64 / exact.max(1) as f64);
+    if spec.pattern == Pattern::Budget {
+        t += &format!(
+            "settled         {} hits given back, {} charged after the work\n",
+            sum(reports, |r| r.refunded),
+            sum(reports, |r| r.late)
+        );
+    }
     if let Some(cap) = reports.first().and_then(|r| r.cap) {
         let held = reports.iter().filter(|r| r.cap_held).count();
         t += &format!(
@@ -269,6 +276,7 @@ fn text_of(spec: &Spec, reports: &[Report]) -> String {
         let after = match spec.pattern {
             Pattern::PartitionCrash => "after c's return",
             Pattern::InstanceCrash => "after the death ",
+            Pattern::Budget => "after the last settle,",
             _ => "after the heal ",
         };
         t += &format!(
@@ -298,6 +306,7 @@ fn json_of(spec: &Spec, reports: &[Report]) -> String {
                 "admitted": r.admitted, "exact": r.exact, "by_region": r.by_region,
                 "over_admission": r.over, "worst_window_over_admission": r.worst_over,
                 "false_denials": r.false_denials, "staleness_bound": r.staleness,
+                "given_back": r.refunded, "charged_late": r.late,
                 "cap": r.cap, "cap_held": r.cap_held, "slice_rate_per_s": r.slice_rate,
                 "convergence_ms": r.convergence_us.map(|c| c as f64 / 1e3),
                 "convergence_bound_ms": (r.convergence_bound_us > 0).then(|| r.convergence_bound_us as f64 / 1e3),
