@@ -205,10 +205,14 @@ while a <= #ARGV do
       if after then flag = flag - 4 end
       if flag == 2 then
         -- A refund (Limit::give_back), answered as a peek afterwards. A
-        -- global check gives back this region's own count only.
+        -- global check gives back this region's own count, and records it
+        -- for the peers (ggive_back).
         if l > 0 and hits > 0 then
-          alg.give_back(KEYS[k + i], l, w, p, hits, now)
-          if spec then grefund(KEYS[k + i], code, hits, now, spec) end
+          if spec then
+            ggive_back(KEYS[k + i], code, alg, l, w, p, hits, now, spec)
+          else
+            alg.give_back(KEYS[k + i], l, w, p, hits, now)
+          end
         end
         hits = 0
       end

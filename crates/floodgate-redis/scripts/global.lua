@@ -28,6 +28,14 @@
 --   G:r          a string "<fingerprint> <due>": the rule a read recorded on
 --                G:m and when that record is due again (grecord), so the
 --                sync's read of a batch fetches every key's in one MGET.
+--   G:b          a string "<slot> <given back> ...": this region's own hits
+--                given back (refunds) per slot that still counts, never
+--                decreasing; absent until a refund. The window algorithms'
+--                state S counts net of them, so what this region took in a
+--                slot is S's count plus G:b's; the GCRA family's `o`
+--                fields count what it took. Peers' given-back counts are
+--                k:<region>:<incarnation> fields beside their c: fields.
+--                A component counts taken - given back (never below 0).
 --
 -- Who records the rule on G:m: for the GCRA family, the decision (a merge
 -- pours a peer's debt into the bucket at once, which needs the rule), so
@@ -206,6 +214,69 @@ local function own_slots(key, g, code, w, p, u, h, now)
   return out
 end
 
+-- This region's own hits given back, per slot (G:b): slot -> hits.
+local function gbacks(g)
+  local t = {}
+  local v = fetched(g .. ':b')
+  if v then
+    for slot, back in string.gmatch(v, '(%d+) (%d+)') do t[tonumber(slot)] = tonumber(back) end
+  end
+  return t
+end
+
+-- Add `given` to G:b's `slot`; slots that no longer count at `now` go, and
+-- G:b stays until the last of the rest stops counting.
+local function gback_add(g, slot, given, u, h, now)
+  local t = gbacks(g)
+  t[slot] = (t[slot] or 0) + given
+  local cur = divmod(now, u)
+  local slots, ttl = {}, 0
+  for s, b in pairs(t) do
+    if s + h > cur and b > 0 then
+      slots[#slots + 1] = s
+      ttl = math.max(ttl, (s + h) * u - now)
+    end
+  end
+  local x = g .. ':b'
+  if #slots == 0 then
+    redis.call('DEL', x)
+    raw[x] = false
+    return
+  end
+  table.sort(slots)
+  local parts = {}
+  for _, s in ipairs(slots) do parts[#parts + 1] = int(s) .. ' ' .. int(t[s]) end
+  local v = table.concat(parts, ' ')
+  raw[x] = v
+  redis.call('SET', x, v, 'PX', int(math.floor(ttl / 1000) + TTL_SLACK_MS))
+end
+
+-- This region's own counts per slot that counts at `now`, with what it
+-- gave back: {slot, taken, given back}, as a memory region keeps them (the
+-- window algorithms' state counts net of refunds: taken = state + given
+-- back; the GCRA family's `o` fields count what was taken).
+local function own_taken(key, g, code, w, p, u, h, now)
+  local backs = gbacks(g)
+  local gcra = code == 'gc' or code == 'sh'
+  local cur = divmod(now, u)
+  local out, seen = {}, {}
+  for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do
+    local b = backs[sc[1]] or 0
+    local taken = sc[2]
+    if not gcra then taken = taken + b end
+    out[#out + 1] = { sc[1], taken, b }
+    seen[sc[1]] = true
+  end
+  for s, b in pairs(backs) do
+    if not seen[s] and s + h > cur and s <= cur then
+      local taken = 0
+      if not gcra then taken = b end
+      out[#out + 1] = { s, taken, b }
+    end
+  end
+  return out
+end
+
 -- G:m (and G:r, or a GCRA key's G:x) stay at least this long (us) after
 -- the decision or read that recorded the rule, so a key decided often is
 -- recorded again at most every minute however short its window (each
@@ -284,7 +355,7 @@ local function gcommit(key, code, l, w, p, hits, now, spec, alg, before, late)
   end
   if late or (slice == 0 and warm == 0 and spec[8] ~= 1) then return nil end
   local own, unacked = 0, 0
-  for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do
+  for _, sc in ipairs(own_taken(key, g, code, w, p, u, h, now)) do
     own = own + sc[2]
     if slice > 0 then
       local least = sc[2]
@@ -323,6 +394,36 @@ local function gcommit(key, code, l, w, p, hits, now, spec, alg, before, late)
   return math.max(left + hits, 0), retry
 end
 
+-- A refund of a global check at `now` (Limit::give_back on this region's
+-- own state), recorded as own hits given back (G:b), which the read sends
+-- to peers beside the hits taken: they give back as much. Never more than
+-- this region took: the window algorithms' state is its own counts (given
+-- back newest first, never below zero); the GCRA family's bucket holds the
+-- peers' debt too, so its refund is capped at this region's own hits in
+-- the slots it keeps, and recorded in the current slot.
+local function ggive_back(key, code, alg, l, w, p, hits, now, spec)
+  local u, h = spec[1], spec[2]
+  local g = gbase(key)
+  if code == 'gc' or code == 'sh' then
+    local own = 0
+    for _, sc in ipairs(own_taken(key, g, code, w, p, u, h, now)) do own = own + sc[2] - sc[3] end
+    local given = math.min(hits, math.max(own, 0))
+    if given > 0 then
+      alg.give_back(key, l, w, p, given, now)
+      gback_add(g, divmod(now, u), given, u, h, now)
+    end
+    return
+  end
+  local before = own_slots(key, g, code, w, p, u, h, now)
+  alg.give_back(key, l, w, p, hits, now)
+  local after = {}
+  for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do after[sc[1]] = sc[2] end
+  for _, sc in ipairs(before) do
+    local d = sc[2] - (after[sc[1]] or 0)
+    if d > 0 then gback_add(g, sc[1], d, u, h, now) end
+  end
+end
+
 -- Give back a global GCRA check's per-slot count (the request was denied
 -- elsewhere: all or nothing).
 local function grefund(key, code, hits, at, spec)
@@ -337,7 +438,7 @@ end
 -- ARGV after the op: now ('' for TIME), this region's name and
 -- incarnation, the sender's name and incarnation, then per item: kind,
 -- slot us, horizon, fingerprint, n, and n x (region, incarnation, slot,
--- count). Returns merged, unchanged, stale, mismatched, then the positions
+-- count, given back). Returns merged, unchanged, stale, mismatched, then the positions
 -- (1-based) of the items in which a component the sender relays (not its
 -- own current one) raised this region's: to send on to the other peers.
 local function gmerge(now)
@@ -350,7 +451,7 @@ local function gmerge(now)
     local kind, u, h, fp, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
     a = a + 5
     local m = g .. ':m'
-    local meta = redis.call('HMGET', m, 'K', 'U', 'H', 'F', 'S', 'L', 'W')
+    local meta = redis.call('HMGET', m, 'K', 'U', 'H', 'F', 'S', 'L', 'W', 'C', 'B')
     local skip = false
     if meta[1] and (tonumber(meta[1]) ~= kind or tonumber(meta[2]) ~= u or tonumber(meta[3]) ~= h) then
       -- Counts that mean something else here: not merged.
@@ -375,8 +476,9 @@ local function gmerge(now)
     local t = e.t
     local relayed = false
     for _ = 1, n do
-      local region, inc, slot, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-      a = a + 4
+      local region, inc, slot, count, back = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+        tonumber(ARGV[a + 4])
+      a = a + 5
       if skip then
         -- not merged
       elseif region == me and inc == my_inc then
@@ -385,25 +487,42 @@ local function gmerge(now)
         stale = stale + 1
       else
         local f = gslot(g, slot)
-        local field = 'c:' .. region .. ':' .. inc
-        local old = tonumber(redis.call('HGET', f, field)) or 0
-        if count > old then
-          local delta = count - old
-          redis.call('HSET', f, field, int(count))
-          t[slot] = (t[slot] or 0) + delta
+        local field, kfield = 'c:' .. region .. ':' .. inc, 'k:' .. region .. ':' .. inc
+        local olds = redis.call('HMGET', f, field, kfield)
+        local old, oldb = tonumber(olds[1]) or 0, tonumber(olds[2]) or 0
+        if count > old or back > oldb then
+          local delta, given = math.max(count - old, 0), math.max(back - oldb, 0)
+          if delta > 0 then redis.call('HSET', f, field, int(count)) end
+          if given > 0 then redis.call('HSET', f, kfield, int(back)) end
+          -- The component counts taken - given back, never below zero.
+          local net = math.max(math.max(count, old) - math.max(back, oldb), 0) - math.max(old - oldb, 0)
+          t[slot] = (t[slot] or 0) + net
           changed = true
           gslot_expire(g, slot, u, h, now)
           merged = merged + 1
           if region ~= from or inc ~= from_inc then relayed = true end
           if kind == 2 then
-            local at = math.min(now, (slot + 1) * u)
             local key, l, w = meta[5], tonumber(meta[6]), tonumber(meta[7])
-            if key and l and w and l > 0 then
-              gcra_debt(key, l, w, delta, at)
-            else
-              redis.call('HINCRBY', m, 'p', int(delta))
-              local since = tonumber(redis.call('HGET', m, 'ps'))
-              if not since or at < since then redis.call('HSET', m, 'ps', int(at)) end
+            local known = key and l and w and l > 0
+            if delta > 0 then
+              local at = math.min(now, (slot + 1) * u)
+              if known then
+                gcra_debt(key, l, w, delta, at)
+              else
+                redis.call('HINCRBY', m, 'p', int(delta))
+                local since = tonumber(redis.call('HGET', m, 'ps'))
+                if not since or at < since then redis.call('HSET', m, 'ps', int(at)) end
+              end
+            end
+            if given > 0 then
+              -- Given back in the peer's bucket: given back in this one
+              -- (after the debt, when both came).
+              if known and ALG[meta[8]] then
+                ALG[meta[8]].refund(key, l, w, tonumber(meta[9]) or 0, given, now, now)
+              else
+                local pend = tonumber(redis.call('HGET', m, 'p')) or 0
+                if pend > 0 then redis.call('HSET', m, 'p', int(math.max(pend - given, 0))) end
+              end
             end
           end
         else
@@ -464,12 +583,13 @@ end
 -- (the rule, as G:m holds it; both '' when the caller does not know the
 -- rule: then G:m's is used) and its own full flag (1: every component of
 -- this key, which this region relays). Returns per key: fingerprint, kind, slot us, horizon
--- (kind 0: nothing known), n, then n x (region, incarnation, slot, count);
--- region '' is this region's current incarnation. Except, for a key read
--- with its rule, of fixed_window or sliding_window, not full: '=' and its
--- state string ('' when missing), which the caller reads as the own
--- counts (as own_slots does here): the common case of every batch, with
--- no Redis command and no table made per key.
+-- (kind 0: nothing known), n, then n x (region, incarnation, slot, count,
+-- given back); region '' is this region's current incarnation. Except,
+-- for a key read with its rule, of fixed_window or sliding_window, not
+-- full, that never gave back (no G:b): '=' and its state string ('' when
+-- missing), which the caller reads as the own counts (as own_slots does
+-- here): the common case of every batch, with no Redis command and no
+-- table made per key.
 local function gread(now)
   local every = ARGV[3] == '1'
   local out = {}
@@ -482,7 +602,10 @@ local function gread(now)
       if r then
         rules[i] = r
         if r[6] == '1' then fetch[#fetch + 1] = KEYS[i] .. ':r' end
-        if r[1] == 'fw' or r[1] == 'sw' then fetch[#fetch + 1] = key end
+        if r[1] == 'fw' or r[1] == 'sw' then
+          fetch[#fetch + 1] = key
+          fetch[#fetch + 1] = KEYS[i] .. ':b'
+        end
       end
     end
   end
@@ -496,7 +619,7 @@ local function gread(now)
       -- A GCRA key's rule is its decisions' to record (they pour the debt
       -- that came before it, as a memory region does): read by it only.
       if r[6] == '1' then grecord(g, key, r, now) end
-      if not full and (r[1] == 'fw' or r[1] == 'sw') then
+      if not full and (r[1] == 'fw' or r[1] == 'sw') and not fetched(g .. ':b') then
         out[#out + 1] = '='
         out[#out + 1] = fetched(key) or ''
       else
@@ -514,24 +637,38 @@ local function gread(now)
     else
       local comps = {}
       if meta[5] then
-        for _, sc in ipairs(own_slots(meta[5], g, meta[6], tonumber(meta[7]), tonumber(meta[8]), u, h, now)) do
-          comps[#comps + 1] = { '', '', sc[1], sc[2] }
+        for _, sc in ipairs(own_taken(meta[5], g, meta[6], tonumber(meta[7]), tonumber(meta[8]), u, h, now)) do
+          comps[#comps + 1] = { '', '', sc[1], sc[2], sc[3] }
         end
       end
       if full then
         local cur = divmod(now, u)
         for slot = math.max(cur + 1 - h, 0), cur do
           local kv = redis.call('HGETALL', gslot(g, slot))
+          -- Each peer's (or earlier incarnation's) taken (c:) and given
+          -- back (k:); either may be alone.
+          local by, names = {}, {}
           for j = 1, #kv, 2 do
-            local region, inc = string.match(kv[j], '^c:(.*):(%d+)$')
-            if region then comps[#comps + 1] = { region, inc, slot, tonumber(kv[j + 1]) } end
+            local what, region, inc = string.match(kv[j], '^([ck]):(.*):(%d+)$')
+            if what then
+              local name = region .. ':' .. inc
+              local c = by[name]
+              if not c then
+                c = { region, inc, slot, 0, 0 }
+                by[name] = c
+                names[#names + 1] = name
+              end
+              if what == 'c' then c[4] = tonumber(kv[j + 1]) else c[5] = tonumber(kv[j + 1]) end
+            end
           end
+          for _, name in ipairs(names) do comps[#comps + 1] = by[name] end
         end
       end
       out[#out + 1] = meta[1] or '0'
       out[#out + 1] = kind; out[#out + 1] = u; out[#out + 1] = h; out[#out + 1] = #comps
       for _, c in ipairs(comps) do
         out[#out + 1] = c[1]; out[#out + 1] = c[2]; out[#out + 1] = c[3]; out[#out + 1] = c[4]
+        out[#out + 1] = c[5]
       end
     end
   end

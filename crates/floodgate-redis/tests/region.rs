@@ -37,17 +37,23 @@ enum Op {
     /// Decide `hits` locally, `dt` µs after the previous op.
     Decide { dt: u64, hits: u64 },
     /// A peer's component for the current slot (or `back` slots before):
-    /// its count grows by `add` (0: a duplicate).
-    Remote { dt: u64, peer: u8, back: u64, add: u64 },
-    /// Both peers acknowledge everything own so far.
+    /// its count grows by `add` (0: a duplicate), and what it gave back by
+    /// `give` (never past its count).
+    Remote { dt: u64, peer: u8, back: u64, add: u64, give: u64 },
+    /// Both peers acknowledge everything own so far (and what each region
+    /// sends of its own counts, taken and given back, is the same).
     AckAll { dt: u64 },
+    /// A refund of `hits` (Envoy's `is_negative_hits`).
+    Refund { dt: u64, hits: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..400_000u64, 0..4u64).prop_map(|(dt, hits)| Op::Decide { dt, hits }),
-        2 => (0..400_000u64, 0..2u8, 0..2u64, 0..12u64).prop_map(|(dt, peer, back, add)| Op::Remote { dt, peer, back, add }),
+        2 => (0..400_000u64, 0..2u8, 0..2u64, 0..12u64, 0..5u64)
+            .prop_map(|(dt, peer, back, add, give)| Op::Remote { dt, peer, back, add, give }),
         1 => (0..400_000u64).prop_map(|dt| Op::AckAll { dt }),
+        1 => (0..400_000u64, 1..8u64).prop_map(|(dt, hits)| Op::Refund { dt, hits }),
     ]
 }
 
@@ -75,7 +81,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
     let shape = shape_of(limit).unwrap();
     let mut now = T0 + 1_000;
     // Each peer's component per slot (what it would send: its latest).
-    let mut remote: std::collections::HashMap<(u8, u64), u64> = Default::default();
+    let mut remote: std::collections::HashMap<(u8, u64), (u64, u64)> = Default::default();
     for (i, op) in ops.iter().enumerate() {
         match *op {
             Op::Decide { dt, hits } => {
@@ -93,11 +99,33 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                     limit.algorithm()
                 );
             }
-            Op::Remote { dt, peer, back, add } => {
+            Op::Refund { dt, hits } => {
+                now += dt;
+                let check = Check {
+                    key,
+                    limit,
+                    hits,
+                    op: floodgate_core::Op::Refund,
+                    enforce: true,
+                    scope: Scope::Global(mode),
+                };
+                let (mem, _) = t.give_back(key, limit, mode, hits, now).unwrap();
+                let mut out = Vec::new();
+                rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+                let red = out.pop().unwrap().unwrap();
+                assert_eq!(
+                    (red.allowed, red.remaining, red.retry_after, red.reset_after),
+                    (mem.allowed, mem.remaining, mem.retry_after, mem.reset_after),
+                    "op {i} {op:?} at {now}: redis {red:?}, memory {mem:?} ({:?} {mode:?})",
+                    limit.algorithm()
+                );
+            }
+            Op::Remote { dt, peer, back, add, give } => {
                 now += dt;
                 let slot = (now / shape.slot_us()).saturating_sub(back);
-                let count = remote.entry((peer, slot)).or_default();
+                let (count, given) = remote.entry((peer, slot)).or_default();
                 *count += add;
+                *given = (*given + give).min(*count);
                 if *count == 0 {
                     continue;
                 }
@@ -117,7 +145,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                             incarnation: 20 + u64::from(peer),
                             slot,
                             count: *count,
-                            back: 0,
+                            back: *given,
                         }],
                     }],
                     complete: false,
@@ -129,8 +157,23 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
             Op::AckAll { dt } => {
                 now += dt;
                 // Memory: a batch to each peer, acknowledged.
+                let mut sent: Option<Vec<(u64, u64, u64)>> = None;
+                // Slots that still count (a Redis region's read also sends
+                // an older one its state still holds: peers drop it).
+                let counts = |slot: u64| slot + shape.horizon() > now / shape.slot_us();
                 for p in 0..2 {
                     while let Some(b) = t.next_batch(p, now) {
+                        if let Some(item) = b.items.iter().find(|it| it.key == key) {
+                            let mut own: Vec<(u64, u64, u64)> = item
+                                .components
+                                .iter()
+                                .filter(|c| c.region == 0)
+                                .filter(|c| counts(c.slot) && (c.count > 0 || c.back > 0))
+                                .map(|c| (c.slot, c.count, c.back))
+                                .collect();
+                            own.sort_unstable();
+                            sent = Some(own);
+                        }
                         let ack = floodgate_core::region::Ack {
                             region: ["b", "c"][p].into(),
                             incarnation: 30,
@@ -156,6 +199,16 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                     ))
                     .unwrap();
                 if let Some(item) = &items[0] {
+                    let mut read: Vec<(u64, u64, u64)> = item
+                        .components
+                        .iter()
+                        .filter(|c| c.region == 0 && counts(c.slot) && (c.count > 0 || c.back > 0))
+                        .map(|c| (c.slot, c.count, c.back))
+                        .collect();
+                    read.sort_unstable();
+                    if let Some(sent) = &sent {
+                        assert_eq!(&read, sent, "op {i} {op:?} at {now}: own counts sent, redis then memory");
+                    }
                     let own: Vec<(u64, u64)> =
                         item.components.iter().filter(|c| c.region == 0).map(|c| (c.slot, c.count)).collect();
                     for p in 0..2 {
@@ -357,7 +410,11 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let bounded = SyncMode::Bounded { overshoot_ppm: 300_000 };
-    for (li, limit) in limits().iter().enumerate() {
+    // (Limits charged after the work are never refused, not even by the
+    // gates below: a_redis_region_decides_as_a_memory_region has them.)
+    let limits = limits().into_iter().filter(|l| l.charge() == floodgate_core::Charge::Before);
+    for (li, limit) in limits.enumerate() {
+        let limit = &limit;
         let mut c = RedisConfig::new(server.url().parse().unwrap());
         c.cache_denials = false;
         c.key_prefix = format!("crash{li}:");

@@ -204,7 +204,14 @@ impl Entry {
             && old.limit.fingerprint() != limit.fingerprint()
         {
             match shape {
-                Shape::Windowed { .. } => self.slots.iter_mut().for_each(|s| s.own = 0),
+                // Fresh: what it took less what it gave back is zero, and
+                // the given-back count stays (it never decreases), as a
+                // Redis region's new state key starts at zero beside its
+                // given-back counts.
+                Shape::Windowed { .. } => self.slots.iter_mut().for_each(|s| {
+                    s.own = s.back;
+                    s.late = 0;
+                }),
                 Shape::Gcra { .. } => self.tat = State::new(),
             }
         }

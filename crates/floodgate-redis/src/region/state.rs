@@ -116,7 +116,13 @@ impl RedisStore {
                 args.push(item.components.len().to_string());
                 for c in &item.components {
                     let region = batch.regions.get(c.region as usize).cloned().unwrap_or_default();
-                    args.extend([region, c.incarnation.to_string(), c.slot.to_string(), c.count.to_string()]);
+                    args.extend([
+                        region,
+                        c.incarnation.to_string(),
+                        c.slot.to_string(),
+                        c.count.to_string(),
+                        c.back.to_string(),
+                    ]);
                 }
             }
             calls.push((keys, args, group));
@@ -155,9 +161,10 @@ impl RedisStore {
     ///
     /// A window key (fixed or sliding window) read for its own counts with
     /// its rule, the common case of every batch, is read with a plain
-    /// `MGET` of its state and its record `G:r`, no script; those whose
-    /// record is missing, of another rule or due go through the script,
-    /// which records it.
+    /// `MGET` of its state, its record `G:r` and its given-back counts
+    /// `G:b`, no script; those whose record is missing, of another rule or
+    /// due go through the script, which records it, and so do those that
+    /// gave hits back (the script sends them beside the hits taken).
     pub async fn read_global<K: AsRef<str> + Sync>(
         &self,
         keys: &[K],
@@ -185,7 +192,9 @@ impl RedisStore {
                     for &i in g {
                         let (limit, _) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
                         let key = keys[i].as_ref();
-                        cmd.arg(redis_key(prefix, key, limit)).arg(global_key(prefix, key, ":r"));
+                        cmd.arg(redis_key(prefix, key, limit))
+                            .arg(global_key(prefix, key, ":r"))
+                            .arg(global_key(prefix, key, ":b"));
                     }
                     cmd
                 })
@@ -202,10 +211,13 @@ impl RedisStore {
                 for (n, &i) in group.iter().enumerate() {
                     let (limit, mode) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
                     let fp = fingerprint(limit, mode);
-                    if recorded(text(2 * n + 1), fp, now_us)
+                    // A key that gave hits back (G:b) goes through the
+                    // script, which sends them beside its counts.
+                    if recorded(text(3 * n + 1), fp, now_us)
+                        && text(3 * n + 2).is_empty()
                         && let Some(shape) = shape_of(limit)
                     {
-                        let components = own_counts(text(2 * n), limit, incarnation);
+                        let components = own_counts(text(3 * n), limit, incarnation);
                         out[i] = Some(Item { key: keys[i].as_ref().to_owned(), fingerprint: fp, shape, components });
                     } else {
                         rest.push(i);
@@ -288,8 +300,8 @@ impl RedisStore {
                 let mut components = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     let c =
-                        v.get(at..at + 4).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
-                    at += 4;
+                        v.get(at..at + 5).ok_or_else(|| StoreError::Unavailable("Redis: a short read reply".into()))?;
+                    at += 5;
                     let region = text(&c[0]);
                     let (region, inc) = if region.is_empty() {
                         (0, incarnation)
@@ -305,7 +317,7 @@ impl RedisStore {
                         incarnation: inc,
                         slot: num(&c[2]),
                         count: num(&c[3]),
-                        back: 0,
+                        back: num(&c[4]),
                     });
                 }
                 let shape = match kind {
