@@ -138,11 +138,11 @@ impl World {
         Served::spawn(cmd, TempDir::new(&format!("region-{}-{}", NAMES[i], std::process::id())))
     }
 
-    fn check(&self, i: usize, key: &str, value: &str, hits: u64) -> Value {
+    fn check(&self, i: usize, key: &str, value: &str, hits: i64) -> Value {
         self.check_at(&self.regions[i].http, key, value, hits)
     }
 
-    fn check_at(&self, addr: &str, key: &str, value: &str, hits: u64) -> Value {
+    fn check_at(&self, addr: &str, key: &str, value: &str, hits: i64) -> Value {
         let body = format!(r#"{{"domain": "g", "descriptors": [{{"{key}": "{value}"}}], "hits": {hits}}}"#);
         let (code, text) = http(addr, "POST", "/v1/check", &body);
         assert_eq!(code, 200, "{text}");
@@ -308,6 +308,14 @@ fn three_regions_share_global_limits_over_a_wan() {
         880,
         "b's instances share one count"
     );
+    // Refunds cross regions as exactly as the hits: a memory region (a)
+    // gives back 15 of its 40, the Redis region (b) 10 of its, through its
+    // second instance; every region then counts 95.
+    assert_eq!(world.check(0, "user", "u1", -15)["descriptors"][0]["remaining"], 895);
+    assert_eq!(world.check_at(&b2, "user", "u1", -10)["allowed"], true);
+    eventually("every region counts 95 of u1 after the refunds", || {
+        (0..3).all(|i| world.remaining(i, "user", "u1") == 905)
+    });
 
     // 3. A small limit, flooded: it is reached everywhere.
     std::thread::scope(|s| {
@@ -359,10 +367,10 @@ fn three_regions_share_global_limits_over_a_wan() {
     world.regions[2].served = Some(served);
     eventually("c is back, with every peer's full state", || world.ready(2)["regions"]["warming"] == false);
     eventually("c knows u1 and u2 again", || {
-        world.remaining(2, "user", "u1") == 880 && world.remaining(2, "user", "u2") == 940
+        world.remaining(2, "user", "u1") == 905 && world.remaining(2, "user", "u2") == 940
     });
     assert_eq!(world.check(2, "user", "u1", 5)["allowed"], true);
-    eventually("5 more, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 875));
+    eventually("5 more, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 900));
 
     // 6. Region b's Redis restarts empty: a new incarnation for b, which
     //    learns every count back from a and c; nothing counted twice.
@@ -370,12 +378,12 @@ fn three_regions_share_global_limits_over_a_wan() {
     drop(world.redis.take());
     world.redis = Some(NsRedis::start(&world.hosts[1], dir));
     eventually("b knows u1 and u2 again after its Redis restarted", || {
-        world.remaining(1, "user", "u1") == 875 && world.remaining(1, "user", "u2") == 940
+        world.remaining(1, "user", "u1") == 900 && world.remaining(1, "user", "u2") == 940
     });
     // Knowing nothing, it admitted nothing until its peers' state arrived.
     eventually("b has every peer's full state again", || world.ready(1)["regions"]["warming"] == false);
     assert_eq!(world.check(1, "user", "u1", 5)["allowed"], true);
-    eventually("5 more from b, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 870));
+    eventually("5 more from b, counted once everywhere", || (0..3).all(|i| world.remaining(i, "user", "u1") == 895));
 
     // 7. A crash loop (a memory region): c, warm, spends its slice of a
     //    bounded key in a burst and is killed at once (SIGKILL), five
