@@ -356,6 +356,8 @@ async fn admin_api_needs_its_token_and_manages_overrides() {
     assert_eq!(st, 200);
     assert_eq!(v["domains"][0]["domain"], "api");
     assert!(v["domains"][0]["rules"][0]["at"].as_str().unwrap().ends_with("api.yaml:5:17"), "{v}");
+    let rule = &v["domains"][0]["rules"][0];
+    assert_eq!((rule["charge"].as_str(), rule["scope"].as_str()), (Some("before"), Some("region")), "{v}");
 
     // An override of user=dave: 1 per hour instead of 3 per minute.
     let set = r#"{"domain":"api","descriptor":[{"key":"user","value":"dave"}],"limits":{"unit":"hour","requests_per_unit":1}}"#;

@@ -143,6 +143,8 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
                         "limit": r.limit.as_ref().map(|l| l.limit()),
                         "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
                         "burst": r.limit.as_ref().map(|l| l.burst()),
+                        "charge": r.limit.as_ref().map(|l| l.charge().as_str()),
+                        "scope": r.scope.as_str(),
                         "shadow_mode": r.shadow_mode,
                         "failure_mode": r.failure_mode.as_str(),
                         "at": format!("{file}:{}:{}", r.source.pos.line, r.source.pos.col),
