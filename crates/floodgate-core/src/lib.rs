@@ -31,6 +31,7 @@ mod limit;
 pub mod limiter;
 mod math;
 pub mod region;
+pub mod reservation;
 pub mod rules;
 mod state;
 pub mod store;
