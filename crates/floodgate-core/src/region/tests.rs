@@ -166,14 +166,21 @@ fn a_refund_reaches_every_region_exactly_and_replays_change_nothing() {
     }
 }
 
-#[test]
-fn a_gcra_refund_moves_every_regions_bucket_back() {
+/// Regions a and b; a takes a GCRA key's whole burst (10 a second) at 5 s,
+/// and b has heard it.
+fn after_a_gcra_burst() -> (Vec<GlobalTable>, Limit) {
     let t = tables(&["a", "b"]);
     sync_all(&t, 0);
     let l = Limit::new(Algorithm::Gcra { burst: None }, 10, Duration::from_secs(1)).unwrap();
-    let e = SyncMode::Eventual;
-    assert_eq!(admitted(&t[0], "k", &l, e, 10, 5 * S), 10);
+    assert_eq!(admitted(&t[0], "k", &l, SyncMode::Eventual, 10, 5 * S), 10);
     sync_all(&t, 5 * S);
+    (t, l)
+}
+
+#[test]
+fn a_gcra_refund_moves_every_regions_bucket_back() {
+    let (t, l) = after_a_gcra_burst();
+    let e = SyncMode::Eventual;
     assert_eq!(admitted(&t[1], "k", &l, e, 1, 5 * S), 0);
     let (_, given) = t[0].give_back("k", &l, e, 4, 5 * S).unwrap();
     assert_eq!(given, 4);
@@ -213,13 +220,8 @@ fn late_charges_are_never_refused_and_leave_the_slice_to_admissions() {
 
 #[test]
 fn gcra_usage_arrives_as_debt() {
-    let t = tables(&["a", "b"]);
-    sync_all(&t, 0);
-    // 10 per second, burst 10.
-    let l = Limit::new(Algorithm::Gcra { burst: None }, 10, Duration::from_secs(1)).unwrap();
+    let (t, l) = after_a_gcra_burst();
     let e = SyncMode::Eventual;
-    assert_eq!(admitted(&t[0], "k", &l, e, 10, 5 * S), 10);
-    sync_all(&t, 5 * S);
     assert_eq!(admitted(&t[1], "k", &l, e, 10, 5 * S), 0, "a's burst drained b's bucket");
     // 500 ms later: 5 more tokens, in both.
     assert_eq!(admitted(&t[1], "k", &l, e, 10, 5 * S + S / 2), 5);
