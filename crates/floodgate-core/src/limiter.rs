@@ -245,10 +245,10 @@ impl<S: Store> Limiter<S> {
 
     fn fail(&self, c: &RuleCheck<'_>, limit: u64, mode: FailureMode) -> Decision {
         let open = Decision { allowed: true, limit, remaining: limit, ..Decision::default() };
-        if c.op == Op::Refund {
-            // A refund the store could not take is lost (the store error is
-            // counted and logged by the caller); it denies nothing, whatever
-            // the rule's policy: the limit stays stricter, never looser.
+        if c.op != Op::Take {
+            // A refund (or a return, or a late charge) the store could not
+            // take is lost (the store error is counted and logged by the
+            // caller); it denies nothing, whatever the rule's policy.
             return open;
         }
         match mode {

@@ -26,8 +26,10 @@
 --              gives `hits` back and answers as a peek; plus 4 for a limit
 --              charged after the work: hits >= 1 a late charge, never
 --              denied and never undone, hits 0 the gate, denied once a
---              request of one hit would be), for "refund" the time
---              the hits were taken; then the scope ('' regional, else a
+--              request of one hit would be; 4 alone for a late charge on
+--              any limit; a time of 2^32 us or more for a return of hits
+--              taken then, as if never taken, answered as a refund is),
+--              for "refund" the time the hits were taken; then the scope ('' regional, else a
 --              global check's G:x key, global.lua: named by the caller, as
 --              a string made in Lua costs more than the argument) and for
 --              a global check "U H S P W R F": its slot
@@ -201,6 +203,11 @@ while a <= #ARGV do
       local alg, l, w, p, hits, flag = check(a, i)
       local spec, fp, code, x = scope(a, i)
       local allowed, remaining, reset, retry, delay
+      -- A flag of 2^32 or more is a return: give back the hits taken at
+      -- that time (us) as if never taken (Limit::refund), then answer as a
+      -- refund does.
+      local taken_at = nil
+      if flag >= 4294967296 then taken_at, flag = flag, 2 end
       local after = flag >= 4
       if after then flag = flag - 4 end
       if flag == 2 then
@@ -209,7 +216,9 @@ while a <= #ARGV do
         -- for the peers (ggive_back).
         if l > 0 and hits > 0 then
           if spec then
-            ggive_back(KEYS[k + i], code, alg, l, w, p, hits, now, spec)
+            ggive_back(KEYS[k + i], code, alg, l, w, p, hits, now, spec, taken_at)
+          elseif taken_at then
+            alg.refund(KEYS[k + i], l, w, p, hits, taken_at, math.max(now, taken_at))
           else
             alg.give_back(KEYS[k + i], l, w, p, hits, now)
           end

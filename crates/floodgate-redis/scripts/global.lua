@@ -353,19 +353,39 @@ local function gcommit(key, code, l, w, p, hits, now, spec, alg, before, late)
     redis.call('HINCRBY', gslot(g, cur), 'o', int(hits))
     gslot_expire(g, cur, u, h, now)
   end
-  if late or (slice == 0 and warm == 0 and spec[8] ~= 1) then return nil end
+  if late then
+    -- Kept apart from the admitted hits where a cap reads them.
+    if slice > 0 or warm > 0 or spec[8] == 1 then
+      redis.call('HINCRBY', gslot(g, cur), 'l', int(hits))
+      gslot_expire(g, cur, u, h, now)
+    end
+    return nil
+  end
+  if slice == 0 and warm == 0 and spec[8] ~= 1 then return nil end
+  -- What this region admitted at request time: taken less the late
+  -- charges (field l), which the slice does not bound. A peer's
+  -- acknowledgement of taken count a:<peer> acknowledged the admitted hits
+  -- a - L:<peer>, L the late charges when it came (at least those the
+  -- acknowledged read saw: stricter, never looser, than a memory region,
+  -- which notes the admitted count as it sends).
   local own, unacked = 0, 0
   for _, sc in ipairs(own_taken(key, g, code, w, p, u, h, now)) do
-    own = own + sc[2]
+    local fields = { 'l' }
     if slice > 0 then
-      local least = sc[2]
-      if peers > 0 then
-        local fields = {}
-        for i = 0, peers - 1 do fields[#fields + 1] = 'a:' .. i end
-        local acked = redis.call('HMGET', gslot(g, sc[1]), unpack(fields))
-        for i = 1, peers do least = math.min(least, tonumber(acked[i]) or 0) end
+      for i = 0, peers - 1 do
+        fields[#fields + 1] = 'a:' .. i
+        fields[#fields + 1] = 'L:' .. i
       end
-      unacked = unacked + (sc[2] - least)
+    end
+    local v = redis.call('HMGET', gslot(g, sc[1]), unpack(fields))
+    local admitted = math.max(sc[2] - (tonumber(v[1]) or 0), 0)
+    own = own + admitted
+    if slice > 0 then
+      local least = admitted
+      for i = 1, peers do
+        least = math.min(least, (tonumber(v[2 * i]) or 0) - (tonumber(v[2 * i + 1]) or 0))
+      end
+      unacked = unacked + (admitted - math.max(least, 0))
     end
   end
   local left, whole = nil, 0
@@ -401,7 +421,10 @@ end
 -- back newest first, never below zero); the GCRA family's bucket holds the
 -- peers' debt too, so its refund is capped at this region's own hits in
 -- the slots it keeps, and recorded in the current slot.
-local function ggive_back(key, code, alg, l, w, p, hits, now, spec)
+-- With `taken_at`, a return (Limit::refund of hits taken then: the window
+-- algorithms give back from that slot, if it still counts; the GCRA family
+-- as a refund now, as a memory region does).
+local function ggive_back(key, code, alg, l, w, p, hits, now, spec, taken_at)
   local u, h = spec[1], spec[2]
   local g = gbase(key)
   if code == 'gc' or code == 'sh' then
@@ -415,7 +438,11 @@ local function ggive_back(key, code, alg, l, w, p, hits, now, spec)
     return
   end
   local before = own_slots(key, g, code, w, p, u, h, now)
-  alg.give_back(key, l, w, p, hits, now)
+  if taken_at then
+    alg.refund(key, l, w, p, hits, taken_at, math.max(now, taken_at))
+  else
+    alg.give_back(key, l, w, p, hits, now)
+  end
   local after = {}
   for _, sc in ipairs(own_slots(key, g, code, w, p, u, h, now)) do after[sc[1]] = sc[2] end
   for _, sc in ipairs(before) do
@@ -690,9 +717,11 @@ local function gack(now)
       a = a + 2
       if u and h then
         local f = gslot(KEYS[i], slot)
-        local old = tonumber(redis.call('HGET', f, field)) or 0
+        local v = redis.call('HMGET', f, field, 'l')
+        local old = tonumber(v[1]) or 0
         if count > old then
-          redis.call('HSET', f, field, int(count))
+          -- With the late charges so far (see gcommit).
+          redis.call('HSET', f, field, int(count), 'L:' .. ARGV[3], int(tonumber(v[2]) or 0))
           gslot_expire(KEYS[i], slot, u, h, now)
         end
       end

@@ -165,6 +165,10 @@ impl GlobalArgs {
     }
 }
 
+/// The least flag that is a return's time (µs): the other flags are below
+/// 8 (`entry.lua`).
+pub(crate) const RETURN_FLAG_MIN: u64 = 1 << 32;
+
 impl CheckArgs {
     /// With the global arguments of a check the region decides as global.
     pub(crate) fn with_global(mut self, global: Option<(String, GlobalArgs)>) -> Self {
@@ -183,18 +187,31 @@ impl CheckArgs {
             limit: c.limit.limit(),
             window: c.limit.window_us(),
             param,
-            // A refund gives back, and a late charge takes, up to 2^53 - 1.
-            hits: if c.op == floodgate_core::Op::Refund || after {
+            // A refund or a return gives back, and a late charge takes, up
+            // to 2^53 - 1.
+            hits: if c.op != floodgate_core::Op::Take || after {
                 c.hits.min(floodgate_core::MAX_LIMIT)
             } else {
                 c.hits.min(c.limit.capacity() + 1)
             },
-            flag: match op {
+            flag: match (op, c.op) {
                 // 2: a refund (`entry.lua`), which never denies.
-                Op::Apply if c.op == floodgate_core::Op::Refund => 2,
+                (Op::Apply, floodgate_core::Op::Refund) => 2,
+                // A time (µs, above 2^32): a return of hits taken then,
+                // which never denies.
+                (Op::Apply, floodgate_core::Op::Return { taken_at_us }) => taken_at_us.max(RETURN_FLAG_MIN),
+                // 4: a late charge (what a limit charged after the work
+                // makes of every hit), never denied.
+                (Op::Apply, floodgate_core::Op::Late) => {
+                    if c.hits > 0 {
+                        4
+                    } else {
+                        0
+                    }
+                }
                 // 4 + enforce: a limit charged after the work.
-                Op::Apply => u64::from(c.enforce) + if after { 4 } else { 0 },
-                Op::Refund(at) => at,
+                (Op::Apply, floodgate_core::Op::Take) => u64::from(c.enforce) + if after { 4 } else { 0 },
+                (Op::Refund(at), _) => at,
             },
             global: None,
         }

@@ -51,8 +51,13 @@ impl Model {
             let d = match c.op {
                 Op::Take => c.limit.apply(s, now, c.hits),
                 Op::Refund => c.limit.give_back(s, now, c.hits),
+                Op::Late => c.limit.charge_late(s, now, c.hits),
+                Op::Return { taken_at_us } => {
+                    c.limit.refund(s, taken_at_us, now, c.hits);
+                    c.limit.give_back(s, now, 0)
+                }
             };
-            if !existed && (!d.allowed || c.hits == 0 || c.op == Op::Refund) {
+            if !existed && (!d.allowed || c.hits == 0 || matches!(c.op, Op::Refund | Op::Return { .. })) {
                 self.0.remove(&id);
             }
             out.push(d);
@@ -173,7 +178,12 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                         5 => rng.below(cap.max(1)),
                         _ => 1,
                     };
-                    let op = if rng.below(8) == 0 { Op::Refund } else { Op::Take };
+                    let op = match rng.below(16) {
+                        0 | 1 => Op::Refund,
+                        2 => Op::Late,
+                        3 => Op::Return { taken_at_us: now.saturating_sub(rng.below(2 * SEC)) },
+                        _ => Op::Take,
+                    };
                     (li, ki, hits, rng.below(5) != 0, op)
                 })
                 .collect();

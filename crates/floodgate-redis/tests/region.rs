@@ -45,6 +45,10 @@ enum Op {
     AckAll { dt: u64 },
     /// A refund of `hits` (Envoy's `is_negative_hits`).
     Refund { dt: u64, hits: u64 },
+    /// A late charge of `hits` (a reservation settled above its estimate).
+    Late { dt: u64, hits: u64 },
+    /// A return of `hits` taken `ago` µs before (settled below the estimate).
+    Return { dt: u64, hits: u64, ago: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -54,6 +58,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(dt, peer, back, add, give)| Op::Remote { dt, peer, back, add, give }),
         1 => (0..400_000u64).prop_map(|dt| Op::AckAll { dt }),
         1 => (0..400_000u64, 1..8u64).prop_map(|(dt, hits)| Op::Refund { dt, hits }),
+        1 => (0..400_000u64, 1..8u64).prop_map(|(dt, hits)| Op::Late { dt, hits }),
+        1 => (0..400_000u64, 1..8u64, 0..3_000_000u64).prop_map(|(dt, hits, ago)| Op::Return { dt, hits, ago }),
     ]
 }
 
@@ -84,16 +90,21 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
     let mut remote: std::collections::HashMap<(u8, u64), (u64, u64)> = Default::default();
     for (i, op) in ops.iter().enumerate() {
         match *op {
-            Op::Decide { dt, hits } | Op::Refund { dt, hits } => {
+            Op::Decide { dt, hits } | Op::Refund { dt, hits } | Op::Late { dt, hits } | Op::Return { dt, hits, .. } => {
                 now += dt;
-                let refund = matches!(op, Op::Refund { .. });
-                let core_op = if refund { floodgate_core::Op::Refund } else { floodgate_core::Op::Take };
-                let check = Check { key, limit, hits, op: core_op, enforce: true, scope: Scope::Global(mode) };
-                let mem = if refund {
-                    t.give_back(key, limit, mode, hits, now).unwrap().0
-                } else {
-                    t.apply(key, limit, mode, hits, now).unwrap()
+                let (core_op, mem) = match *op {
+                    Op::Refund { .. } => {
+                        (floodgate_core::Op::Refund, t.give_back(key, limit, mode, hits, now).unwrap().0)
+                    }
+                    Op::Late { .. } => (floodgate_core::Op::Late, t.charge_late(key, limit, mode, hits, now).unwrap()),
+                    Op::Return { ago, .. } => {
+                        let taken_at_us = now.saturating_sub(ago);
+                        let mem = t.return_at(key, limit, mode, hits, taken_at_us, now).unwrap().0;
+                        (floodgate_core::Op::Return { taken_at_us }, mem)
+                    }
+                    _ => (floodgate_core::Op::Take, t.apply(key, limit, mode, hits, now).unwrap()),
                 };
+                let check = Check { key, limit, hits, op: core_op, enforce: true, scope: Scope::Global(mode) };
                 let mut out = Vec::new();
                 rt.block_on(redis.apply_all_at(&[check], now, &mut out));
                 let red = out.pop().unwrap().unwrap();

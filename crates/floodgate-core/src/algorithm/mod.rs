@@ -51,7 +51,8 @@ impl Limit {
     /// A late charge of `hits` whatever this limit's own charge (a
     /// reservation settled above its estimate): counted into debt if need
     /// be, never denied, saturating at [`MAX_LIMIT`](crate::MAX_LIMIT).
-    pub(crate) fn charge_late(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
+    /// Hits 0 is a peek.
+    pub fn charge_late(&self, state: &mut State, now_us: u64, hits: u64) -> Decision {
         self.dispatch(state, now_us, hits.min(crate::MAX_LIMIT), true, |d| d)
     }
 
@@ -121,6 +122,8 @@ impl Limit {
     /// assert!(limit.apply(&mut state, 10, 1).allowed);
     /// ```
     pub fn refund(&self, state: &mut State, at_us: u64, now_us: u64, hits: u64) {
+        // As much as any store counts (a larger refund gives back as much).
+        let hits = hits.min(crate::MAX_LIMIT);
         if self.limit() == 0 || hits == 0 {
             return;
         }

@@ -285,10 +285,12 @@ impl Entry {
     /// decision and whether the own component changed.
     ///
     /// `late`: the hits are charged after the work whatever the limit's own
-    /// charge (a reservation settled above its estimate). A limit charged
-    /// after the work (`Charge::After`) charges every hit ≥ 1 late. A late
-    /// charge is never denied, by the algorithm or by the caps (the slice
-    /// does not bound it), and counts into debt as in one region.
+    /// charge (a reservation settled above its estimate); with hits 0, a
+    /// plain peek (a refund's answer), not the gate of a limit charged
+    /// after the work. Such a limit (`Charge::After`) charges every hit ≥ 1
+    /// late. A late charge is never denied, by the algorithm or by the caps
+    /// (the slice does not bound it), and counts into debt as in one
+    /// region.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decide(
         &mut self,
@@ -300,7 +302,7 @@ impl Entry {
         caps: Caps,
         deaths: &Incarnations,
     ) -> (Decision, Send) {
-        let late = hits > 0 && (late || limit.charge() == crate::Charge::After);
+        let late = late || (hits > 0 && limit.charge() == crate::Charge::After);
         let apply = |s: &mut State| if late { limit.charge_late(s, now, hits) } else { limit.apply(s, now, hits) };
         let (Some(mode), Some(shape)) = (self.rule.as_ref().map(|r| r.mode), self.shape) else {
             return (Decision::deny(0, 0, 0, None), Send::No);
@@ -494,6 +496,32 @@ impl Entry {
                 }
                 hits - left
             }
+        }
+    }
+
+    /// Give back `hits` taken at `at` as if never taken (a reservation
+    /// settled below its estimate), as one region's `Limit::refund` does:
+    /// the window algorithms from the slot `at` fell in, if it still
+    /// counts, never more than this region took there (what has left the
+    /// window is not given back); the GCRA family as a refund now
+    /// (`give_back`: its bucket holds every region's debt, so what has
+    /// drained since `at` is not told apart). Returns the hits given back.
+    pub(crate) fn return_at(&mut self, at: u64, now: u64, hits: u64, peers: usize) -> u64 {
+        match self.shape {
+            Some(Shape::Gcra { .. }) => self.give_back(now, hits, peers),
+            Some(Shape::Windowed { slot_us, .. }) if self.rule.is_some() => {
+                self.prune(now);
+                match self.slots.binary_search_by_key(&(at / slot_us), |s| s.id) {
+                    Ok(i) => {
+                        let s = &mut self.slots[i];
+                        let g = hits.min(s.own.saturating_sub(s.back));
+                        s.back += g;
+                        g
+                    }
+                    Err(_) => 0,
+                }
+            }
+            _ => 0,
         }
     }
 

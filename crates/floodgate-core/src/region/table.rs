@@ -276,7 +276,30 @@ impl GlobalTable {
             if given > 0 {
                 self.queue_for_peers(entry, || OwnedKey::new(key));
             }
-            (entry.decide(limit, now, 0, false, peers, caps, &self.incarnations).0, given)
+            (entry.decide(limit, now, 0, true, peers, caps, &self.incarnations).0, given)
+        })
+    }
+
+    /// Give back `hits` of `key` taken at `taken_at` as if never taken (a
+    /// reservation settled below its estimate; see `Entry::return_at`), and
+    /// to every peer as a count given back. Returns what a peek answers
+    /// afterwards, and the hits given back.
+    pub fn return_at(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        hits: u64,
+        taken_at: u64,
+        now: u64,
+    ) -> Result<(Decision, u64), StoreError> {
+        let peers = self.links.len();
+        self.with_entry(key, limit, mode, now, |entry, caps| {
+            let given = entry.return_at(taken_at, now, hits, peers);
+            if given > 0 {
+                self.queue_for_peers(entry, || OwnedKey::new(key));
+            }
+            (entry.decide(limit, now, 0, true, peers, caps, &self.incarnations).0, given)
         })
     }
 
@@ -815,8 +838,11 @@ impl GlobalTable {
                 // Given back from this region's own count, and to every
                 // peer as a count given back (see `GlobalTable::give_back`).
                 (Scope::Global(mode), Op::Refund) => self.give_back(c.key, c.limit, mode, c.hits, now).map(|(d, _)| d),
-                (Scope::Region, Op::Take) => store.apply_at(c.key, c.limit, c.hits, now),
-                (Scope::Region, Op::Refund) => Ok(store.give_back_at(c.key, c.limit, c.hits, now)),
+                (Scope::Global(mode), Op::Late) => self.charge_late(c.key, c.limit, mode, c.hits, now),
+                (Scope::Global(mode), Op::Return { taken_at_us }) => {
+                    self.return_at(c.key, c.limit, mode, c.hits, taken_at_us, now).map(|(d, _)| d)
+                }
+                (Scope::Region, _) => store.check_at(c, now),
             },
             |c| match c.scope {
                 Scope::Global(_) => self.refund(c.key, c.hits, now, now),

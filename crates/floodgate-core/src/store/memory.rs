@@ -208,18 +208,42 @@ impl<C: Clock> MemoryStore<C> {
     // a one-key decision by a fifth (BENCHMARKS.md, "Core: in-memory store vs governor").
     #[inline(always)]
     pub fn apply_bytes_at(&self, key: &[u8], limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
+        self.decide_bytes_at(key, limit, hits, false, now_us)
+    }
+
+    /// A late charge of `hits` for `key` at `now_us` ([`Op::Late`]):
+    /// counted whatever the limit's own charge, never denied.
+    pub fn late_at(&self, key: &str, limit: &Limit, hits: u64, now_us: u64) -> Result<Decision, StoreError> {
+        self.decide_bytes_at(key.as_bytes(), limit, hits, true, now_us)
+    }
+
+    /// [`MemoryStore::apply_bytes_at`], or with `late` a late charge (a
+    /// constant at each caller, so each inlines to its own path).
+    #[inline(always)]
+    fn decide_bytes_at(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        hits: u64,
+        late: bool,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
         if let Some(slot) = slot_of(&mut shard, hash, &probe, limit) {
-            let d = limit.apply(&mut slot.state, now_us, hits);
+            let d = if late {
+                limit.charge_late(&mut slot.state, now_us, hits)
+            } else {
+                limit.apply(&mut slot.state, now_us, hits)
+            };
             // A denial or a peek leaves the state, and so its expiry, as it was.
             if d.allowed && hits > 0 {
                 slot.expires_s = expiry_s(now_us, &d);
             }
             return Ok(d);
         }
-        self.insert_at(shard, &probe, hash, limit, hits, now_us)
+        self.insert_at(shard, &probe, hash, limit, hits, late, now_us)
     }
 
     /// The rest of [`MemoryStore::apply_bytes_at`] for a key the shard does
@@ -228,6 +252,7 @@ impl<C: Clock> MemoryStore<C> {
     /// enough to inline into its caller, where its `Decision` is built in
     /// place instead of copied out through memory.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn insert_at(
         &self,
         mut shard: MutexGuard<'_, ShardInner>,
@@ -235,10 +260,11 @@ impl<C: Clock> MemoryStore<C> {
         hash: u64,
         limit: &Limit,
         hits: u64,
+        late: bool,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
         let mut state = State::new();
-        let d = limit.apply(&mut state, now_us, hits);
+        let d = if late { limit.charge_late(&mut state, now_us, hits) } else { limit.apply(&mut state, now_us, hits) };
         if !d.allowed || hits == 0 {
             return Ok(d);
         }
@@ -283,12 +309,24 @@ impl<C: Clock> MemoryStore<C> {
         all_or_nothing(
             checks,
             out,
-            |c| match c.op {
-                Op::Take => self.apply_at(c.key, c.limit, c.hits, now_us),
-                Op::Refund => Ok(self.give_back_at(c.key, c.limit, c.hits, now_us)),
-            },
+            |c| self.check_at(c, now_us),
             |c| self.refund_at(c.key, c.limit, c.hits, now_us, now_us),
         );
+    }
+
+    /// One check at `now_us`, as its [`Op`] says (alone: a request's
+    /// checks go through [`MemoryStore::apply_all_at`], all or nothing).
+    pub fn check_at(&self, c: &Check<'_>, now_us: u64) -> Result<Decision, StoreError> {
+        match c.op {
+            Op::Take => self.apply_at(c.key, c.limit, c.hits, now_us),
+            Op::Refund => Ok(self.give_back_at(c.key, c.limit, c.hits, now_us)),
+            Op::Late => self.late_at(c.key, c.limit, c.hits, now_us),
+            Op::Return { taken_at_us } => {
+                self.refund_at(c.key, c.limit, c.hits, taken_at_us, now_us);
+                // A peek, as a refund answers (not a gate).
+                Ok(self.give_back_at(c.key, c.limit, 0, now_us))
+            }
+        }
     }
 
     /// Drop every expired key now (e.g. from a periodic task); returns how

@@ -160,6 +160,18 @@ pub enum Op {
     /// never denies its request, and given back whatever the request's
     /// other checks decide (it takes nothing, so there is nothing to undo).
     Refund,
+    /// A late charge: `hits` counted after the work whatever the limit's
+    /// own charge (a reservation settled above its estimate): never
+    /// denied, never undone, counted into debt if need be.
+    Late,
+    /// Give back `hits` taken at `taken_at_us` as if they had never been
+    /// taken ([`Limit::refund`]: what has left the window since is not
+    /// given back) — a reservation settled below its estimate, or
+    /// cancelled. Answered as a peek afterwards; never denies.
+    Return {
+        /// When the hits were taken (µs since the epoch).
+        taken_at_us: u64,
+    },
 }
 
 /// A store could not decide. A denial is not an error: it is a [`Decision`].

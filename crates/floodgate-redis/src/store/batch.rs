@@ -178,7 +178,7 @@ impl RedisStore {
 
         if cache {
             for (k, c) in keys.iter().zip(checks) {
-                if c.op == CoreOp::Refund {
+                if matches!(c.op, CoreOp::Refund | CoreOp::Return { .. }) {
                     i.denied.forget(k);
                 }
             }
