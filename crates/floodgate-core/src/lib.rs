@@ -35,6 +35,7 @@ pub mod reservation;
 pub mod rules;
 mod state;
 pub mod store;
+pub mod usage;
 
 pub use answer::{Answer, Headline};
 pub use clock::{Clock, ManualClock, SystemClock};
