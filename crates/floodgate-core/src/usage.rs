@@ -69,6 +69,9 @@ pub struct Scanner {
     line: Line,
     /// The last usage read (in a stream, a later one wins).
     found: Option<Usage>,
+    /// Event stream: a `data:` line's value starts in the piece being fed
+    /// (so a whole line without `"usage"` in it can be passed over).
+    fresh: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,43 +87,52 @@ enum Line {
 impl Scanner {
     /// A scanner for a body framed as `framing`.
     pub fn new(framing: Framing) -> Self {
-        Scanner { framing, json: Json::default(), line: Line::Start(0), found: None }
+        Scanner { framing, json: Json::default(), line: Line::Start(0), found: None, fresh: false }
     }
 
     /// Feed the next piece of the body.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        match self.framing {
-            Framing::Json => {
-                for &b in bytes {
-                    if let Some(u) = self.json.byte(b) {
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        if self.framing == Framing::Json {
+            if let Some(u) = self.json.feed(bytes) {
+                self.found = Some(u);
+            }
+            return;
+        }
+        const DATA: &[u8] = b"data:";
+        while let Some((&b, rest)) = bytes.split_first() {
+            if b == b'\n' || b == b'\r' {
+                // An event's data ends with its line (one JSON document per
+                // data line, as OpenAI sends).
+                if self.line == Line::Data {
+                    self.json = Json::default();
+                }
+                self.line = Line::Start(0);
+                bytes = rest;
+                continue;
+            }
+            match self.line {
+                Line::Start(n) if usize::from(n) < DATA.len() && b == DATA[usize::from(n)] => {
+                    self.line = if usize::from(n) + 1 == DATA.len() { Line::Data } else { Line::Start(n + 1) };
+                    self.fresh = self.line == Line::Data;
+                    bytes = rest;
+                }
+                Line::Start(_) | Line::Skip => {
+                    // The rest of the line is not data.
+                    self.line = Line::Skip;
+                    bytes = &bytes[find_newline(bytes).unwrap_or(bytes.len())..];
+                }
+                Line::Data => {
+                    // The line's value, at once; a whole one that never
+                    // names "usage" (most chunks of a stream) is passed over.
+                    let end = find_newline(bytes);
+                    let value = &bytes[..end.unwrap_or(bytes.len())];
+                    if !(self.fresh && end.is_some() && !names_usage(value))
+                        && let Some(u) = self.json.feed(value)
+                    {
                         self.found = Some(u);
                     }
-                }
-            }
-            Framing::EventStream => {
-                const DATA: &[u8] = b"data:";
-                for &b in bytes {
-                    if b == b'\n' || b == b'\r' {
-                        // An event's data ends with its line (one JSON
-                        // document per data line, as OpenAI sends).
-                        if self.line == Line::Data {
-                            self.json = Json::default();
-                        }
-                        self.line = Line::Start(0);
-                        continue;
-                    }
-                    self.line = match self.line {
-                        Line::Start(n) if usize::from(n) < DATA.len() && b == DATA[usize::from(n)] => {
-                            if usize::from(n) + 1 == DATA.len() { Line::Data } else { Line::Start(n + 1) }
-                        }
-                        Line::Start(_) | Line::Skip => Line::Skip,
-                        Line::Data => {
-                            if let Some(u) = self.json.byte(b) {
-                                self.found = Some(u);
-                            }
-                            Line::Data
-                        }
-                    };
+                    self.fresh = false;
+                    bytes = &bytes[value.len()..];
                 }
             }
         }
@@ -153,6 +165,27 @@ struct Json {
 }
 
 impl Json {
+    /// A run of bytes; the last usage whose value ended in it. Inside a
+    /// string that is not a key nor copied (most of a response: its text),
+    /// it jumps to the next quote or backslash eight bytes at a time.
+    fn feed(&mut self, mut bytes: &[u8]) -> Option<Usage> {
+        let mut found = None;
+        while !bytes.is_empty() {
+            let key = self.depth == 1 && self.expect_key;
+            if self.in_string && !self.escaped && !self.copying && !key {
+                match find_quote_or_backslash(bytes) {
+                    Some(i) => bytes = &bytes[i..],
+                    None => return found,
+                }
+            }
+            if let Some(u) = self.byte(bytes[0]) {
+                found = Some(u);
+            }
+            bytes = &bytes[1..];
+        }
+        found
+    }
+
     /// One byte; the usage when its value just ended.
     fn byte(&mut self, b: u8) -> Option<Usage> {
         if self.copying {
@@ -219,6 +252,57 @@ impl Json {
         }
         None
     }
+}
+
+/// Whether `"usage"` followed by `:` and `{` (whitespace between) occurs in
+/// `bytes`: a chunk with `"usage":null` (every chunk but the last, with
+/// `stream_options.include_usage`) has nothing to read.
+fn names_usage(bytes: &[u8]) -> bool {
+    let skip_ws = |b: &[u8]| b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let mut from = 0;
+    // By its `u` (rarer than quotes), then the quote before it.
+    while let Some(i) = find_either(&bytes[from..], b'u', b'u').map(|i| from + i) {
+        if i > 0
+            && bytes[i - 1] == b'"'
+            && let Some(after) = bytes[i..].strip_prefix(b"usage\"")
+            && let Some(value) = after[skip_ws(after)..].strip_prefix(b":")
+            && value[skip_ws(value)..].first() == Some(&b'{')
+        {
+            return true;
+        }
+        from = i + 1;
+    }
+    false
+}
+
+/// Where the next `\n` or `\r` is.
+fn find_newline(bytes: &[u8]) -> Option<usize> {
+    find_either(bytes, b'\n', b'\r')
+}
+
+/// Where the next `"` or `\\` is.
+fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    find_either(bytes, b'"', b'\\')
+}
+
+/// The first position of `a` or `b`, eight bytes at a time (a word has a
+/// zero byte where it equals the broadcast byte: the classic test).
+fn find_either(bytes: &[u8], a: u8, b: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let (wa, wb) = (LO * u64::from(a), LO * u64::from(b));
+    let has_zero = |x: u64| x.wrapping_sub(LO) & !x & HI;
+    let mut i = 0;
+    while i + 8 <= bytes.len() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i..i + 8]);
+        let x = u64::from_le_bytes(w);
+        if has_zero(x ^ wa) | has_zero(x ^ wb) != 0 {
+            break;
+        }
+        i += 8;
+    }
+    bytes[i..].iter().position(|&c| c == a || c == b).map(|p| i + p)
 }
 
 /// The three counts of a copied `usage` object (`{"prompt_tokens": 9,
@@ -311,6 +395,8 @@ mod tests {
             "data: [DONE]\n\n"
         );
         assert_eq!(read(Framing::EventStream, stream), Some(U));
+        let spaced = "data: {\"choices\":[], \"usage\" :\t{ \"total_tokens\": 21 }}\n\n";
+        assert_eq!(read(Framing::EventStream, spaced).and_then(|u| u.total()), Some(21));
         // No usage chunk (no stream_options.include_usage): nothing read.
         let bare = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
         assert_eq!(read(Framing::EventStream, bare), None);
@@ -338,6 +424,15 @@ mod tests {
             s.feed(&bytes);
             let _ = s.usage();
             proptest::prop_assert!(s.json.copy.len() <= MAX_USAGE_BYTES && s.json.key.len() <= 16);
+        }
+
+        /// The word-at-a-time search finds what a byte-by-byte one does.
+        #[test]
+        fn find_either_is_a_plain_search(
+            bytes in proptest::collection::vec(proptest::sample::select(vec![b'a', b'"', b'\\', b'\n', 0xff, 0x22 ^ 0x80]), 0..64),
+        ) {
+            let naive = bytes.iter().position(|&c| c == b'"' || c == b'\\');
+            proptest::prop_assert_eq!(find_quote_or_backslash(&bytes), naive);
         }
     }
 
