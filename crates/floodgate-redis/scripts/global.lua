@@ -238,6 +238,12 @@ local function gback_add(g, slot, given, u, h, now)
     end
   end
   local x = g .. ':b'
+  -- The key's record (G:r) says it has given back: read it by the script.
+  local r = fetched(g .. ':r')
+  if r and string.sub(r, -2) ~= ' b' then
+    redis.call('DEL', g .. ':r')
+    raw[g .. ':r'] = false
+  end
   if #slots == 0 then
     redis.call('DEL', x)
     raw[x] = false
@@ -594,13 +600,17 @@ local function grecord(g, key, r, now)
   local held = fetched(g .. ':r')
   local n = #fp
   if held and string.byte(held, n + 1) == 32 and string.sub(held, 1, n) == fp
-    and (tonumber(string.sub(held, n + 2)) or 0) > now then
+    and (tonumber(string.match(held, '^%d+', n + 2)) or 0) > now then
     return
   end
   local m = g .. ':m'
   local ttl = math.max((h + 2) * u + w, META_MIN_US)
   grule(m, key, code, l, w, p, fp, tonumber(kind), u, h, ttl, now)
-  redis.call('SET', g .. ':r', fp .. ' ' .. int(now + math.floor(ttl / 2)), 'PX',
+  -- A key that gave hits back (G:b) is marked " b": the caller's plain
+  -- MGET then reads it through this script, which sends what it gave back.
+  local mark = ''
+  if fetched(g .. ':b') then mark = ' b' end
+  redis.call('SET', g .. ':r', fp .. ' ' .. int(now + math.floor(ttl / 2)) .. mark, 'PX',
     int(math.floor(ttl / 1000) + TTL_SLACK_MS))
 end
 

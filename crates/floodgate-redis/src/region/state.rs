@@ -161,10 +161,10 @@ impl RedisStore {
     ///
     /// A window key (fixed or sliding window) read for its own counts with
     /// its rule, the common case of every batch, is read with a plain
-    /// `MGET` of its state, its record `G:r` and its given-back counts
-    /// `G:b`, no script; those whose record is missing, of another rule or
-    /// due go through the script, which records it, and so do those that
-    /// gave hits back (the script sends them beside the hits taken).
+    /// `MGET` of its state and its record `G:r`, no script; those whose
+    /// record is missing, of another rule or due go through the script,
+    /// which records it, and so do those that gave hits back (their record
+    /// is marked `b`: the script sends them beside the hits taken).
     pub async fn read_global<K: AsRef<str> + Sync>(
         &self,
         keys: &[K],
@@ -192,9 +192,7 @@ impl RedisStore {
                     for &i in g {
                         let (limit, _) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
                         let key = keys[i].as_ref();
-                        cmd.arg(redis_key(prefix, key, limit))
-                            .arg(global_key(prefix, key, ":r"))
-                            .arg(global_key(prefix, key, ":b"));
+                        cmd.arg(redis_key(prefix, key, limit)).arg(global_key(prefix, key, ":r"));
                     }
                     cmd
                 })
@@ -211,13 +209,12 @@ impl RedisStore {
                 for (n, &i) in group.iter().enumerate() {
                     let (limit, mode) = plain(i).unwrap_or_else(|| unreachable!("fast keys are plain"));
                     let fp = fingerprint(limit, mode);
-                    // A key that gave hits back (G:b) goes through the
-                    // script, which sends them beside its counts.
-                    if recorded(text(3 * n + 1), fp, now_us)
-                        && text(3 * n + 2).is_empty()
+                    // (A key that gave hits back has a record marked so,
+                    // which is not `recorded`: the script sends them.)
+                    if recorded(text(2 * n + 1), fp, now_us)
                         && let Some(shape) = shape_of(limit)
                     {
-                        let components = own_counts(text(3 * n), limit, incarnation);
+                        let components = own_counts(text(2 * n), limit, incarnation);
                         out[i] = Some(Item { key: keys[i].as_ref().to_owned(), fingerprint: fp, shape, components });
                     } else {
                         rest.push(i);
@@ -421,6 +418,7 @@ mod tests {
     #[test]
     fn a_record_lets_a_read_skip_the_script_only_for_its_rule_until_due() {
         assert!(recorded("123 5000", 123, 4_999));
+        assert!(!recorded("123 5000 b", 123, 4_999), "gave hits back: read by the script");
         assert!(!recorded("123 5000", 123, 5_000), "due: the script records it again");
         assert!(!recorded("124 5000", 123, 0), "another rule");
         assert!(!recorded("", 123, 0), "none yet");
