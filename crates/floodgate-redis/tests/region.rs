@@ -92,6 +92,14 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
         match *op {
             Op::Decide { dt, hits } | Op::Refund { dt, hits } | Op::Late { dt, hits } | Op::Return { dt, hits, .. } => {
                 now += dt;
+                if matches!(op, Op::Late { .. }) && matches!(limit.algorithm(), Algorithm::FixedWindow) {
+                    // A late charge past a global fixed window's limit: a
+                    // Redis region's state carries the debt into the next
+                    // window, a memory region's per-window counts do not
+                    // (why the rules refuse charge: after there; to settle
+                    // for reservations, issue 47).
+                    continue;
+                }
                 let (core_op, mem) = match *op {
                     Op::Refund { .. } => {
                         (floodgate_core::Op::Refund, t.give_back(key, limit, mode, hits, now).unwrap().0)
