@@ -553,8 +553,14 @@ local function gmerge(now)
               if known and ALG[meta[8]] then
                 ALG[meta[8]].refund(key, l, w, tonumber(meta[9]) or 0, given, now, now)
               else
+                -- All of it given back: nothing pending, and the next
+                -- debt starts when it comes (as a memory region's does).
                 local pend = tonumber(redis.call('HGET', m, 'p')) or 0
-                if pend > 0 then redis.call('HSET', m, 'p', int(math.max(pend - given, 0))) end
+                if pend > given then
+                  redis.call('HSET', m, 'p', int(pend - given))
+                elseif pend > 0 then
+                  redis.call('HDEL', m, 'p', 'ps')
+                end
               end
             end
           end

@@ -228,7 +228,11 @@ fn a_redis_region_decides_as_a_memory_region() {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let redis = store(&server.url());
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        // PROPTEST_CASES=N for a longer hunt (24 in CI).
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        ..ProptestConfig::default()
+    });
     let case = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&prop::collection::vec(op(), 1..60), |ops| {
@@ -581,4 +585,22 @@ fn a_recorded_window_key_is_read_without_the_script_until_its_record_is_due() {
     assert_eq!(scripts(), before + 2, "a due record goes through the script again");
     assert_eq!(read(due + 1), later, "read as the script read it");
     assert_eq!(scripts(), before + 2, "recorded anew");
+}
+
+/// A peer's count given back whole before the rule is known, then taken
+/// again: the pending debt starts when the second count comes, as in a
+/// memory region (a Redis region kept the first one's time; CI found it).
+#[test]
+fn pending_debt_given_back_whole_starts_again_when_it_next_comes() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let limit = Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, Duration::from_secs(2)).unwrap();
+    let ops = [
+        Op::Remote { dt: 0, peer: 0, back: 0, add: 1, give: 1 },
+        Op::Remote { dt: 171_171, peer: 0, back: 0, add: 6, give: 0 },
+        Op::Return { dt: 328_517, hits: 3, ago: 1_199_998 },
+        Op::Decide { dt: 0, hits: 0 },
+    ];
+    run(&redis, &rt, "pending", &limit, SyncMode::Eventual, &ops);
 }
