@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::reservation::{ReservationError, ReservationId};
 use crate::rules::{FailureMode, Rule};
 use crate::store::{Check, Op};
 use crate::{Decision, Limit, MemoryStore, Store, StoreError};
@@ -211,6 +212,31 @@ impl<S: Store> Limiter<S> {
             self.store.apply_all(&store_checks, &mut results).await;
         }
         self.outcome(checks, results)
+    }
+
+    /// Reserve: [`Limiter::check`] through [`Store::reserve`], each rule
+    /// giving its `reservation_ttl`: the outcome and, when the request is
+    /// allowed, the reservation's id (`None` when nothing was kept: a
+    /// rule whose store failed, answered by its failure policy, keeps
+    /// nothing).
+    pub async fn reserve(
+        &self,
+        checks: &[RuleCheck<'_>],
+    ) -> Result<(Outcome, Option<ReservationId>), ReservationError> {
+        let store_checks = store_checks(checks);
+        let ttls: Vec<u64> = checks
+            .iter()
+            .filter(|c| c.rule.limit.is_some())
+            .map(|c| u64::try_from(c.rule.reservation_ttl.as_micros()).unwrap_or(u64::MAX))
+            .collect();
+        let mut results = Vec::with_capacity(store_checks.len());
+        let id = match store_checks.is_empty() {
+            true => None,
+            false => self.store.reserve(&store_checks, &ttls, &mut results).await?,
+        };
+        let outcome = self.outcome(checks, results);
+        let id = id.filter(|_| outcome.allowed);
+        Ok((outcome, id))
     }
 
     /// The outcome of `checks` from the store's `results` for those with a

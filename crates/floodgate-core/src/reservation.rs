@@ -21,7 +21,7 @@
 //!
 //! Cancelling is settling at 0. A reservation settles once: settling again
 //! with the same amounts answers the first settle's result ([`Claim::Again`]);
-//! with other amounts it is a conflict ([`SettleError::Conflict`]). A
+//! with other amounts it is a conflict ([`ReservationError::Conflict`]). A
 //! reservation's record outlives its expiry by [`RETAIN_AFTER_EXPIRY`] × its
 //! ttl, so a late settle can still be charged; after that it is unknown.
 //!
@@ -114,7 +114,20 @@ pub enum Adjust {
     },
 }
 
-/// One limit's share of a reservation: the estimate it took, and when.
+impl Adjust {
+    /// The hits charged late and the hits returned.
+    pub fn amounts(self) -> (u64, u64) {
+        match self {
+            Adjust::Nothing => (0, 0),
+            Adjust::Late(h) => (h, 0),
+            Adjust::Return { hits, .. } => (0, hits),
+        }
+    }
+}
+
+/// One limit's share of a reservation: the estimate it took, when, and
+/// until when a settle may return what was not used (its rule's
+/// `reservation_ttl` after the reserve).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part<P> {
     /// What the store needs to adjust the counter (its key and limit).
@@ -123,39 +136,48 @@ pub struct Part<P> {
     pub estimate: u64,
     /// When it took them (µs since the epoch).
     pub taken_at_us: u64,
+    /// When the part expires unsettled, keeping its estimate (µs).
+    pub expires_at_us: u64,
 }
 
 impl<P> Part<P> {
-    /// What settling this part at `actual` hits does: see the module's
-    /// rules. `expired`: the reservation outlived its ttl unsettled.
-    pub fn adjust(&self, actual: u64, expired: bool) -> Adjust {
+    /// What settling this part at `actual` hits at `now_us` does: see the
+    /// module's rules.
+    pub fn adjust(&self, actual: u64, now_us: u64) -> Adjust {
         if actual > self.estimate {
             Adjust::Late(actual - self.estimate)
-        } else if actual < self.estimate && !expired {
+        } else if actual < self.estimate && !self.expired(now_us) {
             Adjust::Return { hits: self.estimate - actual, taken_at_us: self.taken_at_us }
         } else {
             Adjust::Nothing
         }
     }
+
+    /// Whether the part had expired unsettled at `now_us`.
+    pub fn expired(&self, now_us: u64) -> bool {
+        now_us >= self.expires_at_us
+    }
+
+    /// When the record of this part may be dropped: its ttl
+    /// ([`RETAIN_AFTER_EXPIRY`] times) after its expiry.
+    pub fn retained_until_us(&self) -> u64 {
+        let ttl = self.expires_at_us.saturating_sub(self.taken_at_us);
+        self.expires_at_us.saturating_add(ttl.saturating_mul(RETAIN_AFTER_EXPIRY))
+    }
 }
 
-/// A reservation: its parts, when it expires, and its settle once made.
+/// A reservation: its parts, and its settle once made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation<P, R> {
     /// One per limit the reserve took from, in the request's order.
     pub parts: Vec<Part<P>>,
-    /// Until when (µs) a settle may return what was not used.
-    pub expires_at_us: u64,
-    /// Its ttl (µs): the record stays [`RETAIN_AFTER_EXPIRY`] ttls beyond
-    /// the expiry.
-    pub ttl_us: u64,
     /// The amounts it was settled at (one per part), and the answer given.
     pub settled: Option<(Vec<u64>, R)>,
 }
 
 /// Why a settle cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SettleError {
+pub enum ReservationError {
     /// No such reservation (never made, or its record is gone).
     #[error("no reservation by this id (never made, or settled or expired more than its ttl ago)")]
     Unknown,
@@ -177,19 +199,19 @@ pub enum SettleError {
         /// Amounts given.
         given: usize,
     },
+    /// The store keeps no reservations.
+    #[error("this store keeps no reservations: {0}")]
+    Unsupported(&'static str),
+    /// The store could not be asked.
+    #[error(transparent)]
+    Store(#[from] crate::StoreError),
 }
 
 /// What a settle may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim<R> {
-    /// Settle now: each part's adjustment, in order; `expired` says whether
-    /// the reservation outlived its ttl (it returns nothing).
-    First {
-        /// One per part.
-        adjust: Vec<Adjust>,
-        /// Whether it had expired.
-        expired: bool,
-    },
+    /// Settle now: each part's adjustment, in order.
+    First(Vec<Adjust>),
     /// Settled before with these amounts: the first settle's answer.
     Again(R),
 }
@@ -197,52 +219,151 @@ pub enum Claim<R> {
 impl<P, R: Clone> Reservation<P, R> {
     /// The amounts per part for `actual`: one amount for every part, or one
     /// per part.
-    pub fn amounts(&self, actual: &[u64]) -> Result<Vec<u64>, SettleError> {
+    pub fn amounts(&self, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
         match actual {
             [one] => Ok(vec![*one; self.parts.len()]),
             many if many.len() == self.parts.len() => Ok(many.to_vec()),
-            many => Err(SettleError::Amounts { parts: self.parts.len(), given: many.len() }),
+            many => Err(ReservationError::Amounts { parts: self.parts.len(), given: many.len() }),
         }
     }
 
     /// Claim the settle at `actual` at `now_us`: the adjustments to make
     /// (the caller records the answer in `settled`), or the first settle's
     /// answer, or a conflict.
-    pub fn claim(&self, actual: &[u64], now_us: u64) -> Result<Claim<R>, SettleError> {
+    pub fn claim(&self, actual: &[u64], now_us: u64) -> Result<Claim<R>, ReservationError> {
         let amounts = self.amounts(actual)?;
         if let Some((settled, answer)) = &self.settled {
             return if *settled == amounts {
                 Ok(Claim::Again(answer.clone()))
             } else {
-                Err(SettleError::Conflict { settled: settled.clone() })
+                Err(ReservationError::Conflict { settled: settled.clone() })
             };
         }
-        let expired = now_us >= self.expires_at_us;
-        Ok(Claim::First {
-            adjust: self.parts.iter().zip(&amounts).map(|(p, &a)| p.adjust(a, expired)).collect(),
-            expired,
-        })
+        Ok(Claim::First(self.parts.iter().zip(&amounts).map(|(p, &a)| p.adjust(a, now_us)).collect()))
     }
 
-    /// When the record may be dropped.
+    /// When the record may be dropped: when every part's may.
     pub fn retained_until_us(&self) -> u64 {
-        self.expires_at_us.saturating_add(self.ttl_us.saturating_mul(RETAIN_AFTER_EXPIRY))
+        self.parts.iter().map(Part::retained_until_us).max().unwrap_or(0)
     }
+}
+
+/// What a part of a store's reservation holds: the counter it took from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The counter key.
+    pub key: String,
+    /// The limit (as it was at the reserve: a reload since does not change
+    /// what the reservation took).
+    pub limit: crate::Limit,
+    /// Which regions share it.
+    pub scope: crate::region::Scope,
+}
+
+/// One part of a settle's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettledPart {
+    /// The counter key.
+    pub key: String,
+    /// The limit.
+    pub limit: crate::Limit,
+    /// The hits reserved.
+    pub estimate: u64,
+    /// The hits settled.
+    pub actual: u64,
+    /// What the settle did.
+    pub adjust: Adjust,
+    /// Whether the part had expired unsettled (it kept its estimate).
+    pub expired: bool,
+    /// The limit after the settle (a peek), or why the store could not
+    /// adjust it.
+    pub decision: Result<crate::Decision, crate::StoreError>,
+}
+
+/// A settle's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// One per part, in the reserve's order.
+    pub parts: Vec<SettledPart>,
+    /// This settle repeated an earlier one (nothing was done again).
+    pub again: bool,
+}
+
+/// The checks that adjust `parts` as `adjust` says, one per part (a peek
+/// for [`Adjust::Nothing`]: the answer reads every part's counter).
+pub fn adjustments<'a>(parts: &'a [Part<Held>], adjust: &[Adjust]) -> Vec<crate::Check<'a>> {
+    let mut checks = Vec::with_capacity(parts.len());
+    for (p, a) in parts.iter().zip(adjust) {
+        let (hits, op) = match *a {
+            Adjust::Nothing => (0, crate::Op::Take),
+            Adjust::Late(h) => (h, crate::Op::Late),
+            Adjust::Return { hits, taken_at_us } => (hits, crate::Op::Return { taken_at_us }),
+        };
+        checks.push(crate::Check {
+            key: &p.payload.key,
+            limit: &p.payload.limit,
+            hits,
+            op,
+            enforce: false,
+            scope: p.payload.scope,
+        });
+    }
+    checks
+}
+
+/// A settle's answer from its parts, amounts, adjustments and the store's
+/// results of [`adjustments`] at `now_us`.
+pub fn settled(
+    parts: &[Part<Held>],
+    amounts: &[u64],
+    adjust: &[Adjust],
+    results: Vec<Result<crate::Decision, crate::StoreError>>,
+    now_us: u64,
+) -> Settled {
+    let parts = parts
+        .iter()
+        .zip(amounts)
+        .zip(adjust)
+        .zip(results)
+        .map(|(((p, &actual), &adjust), decision)| SettledPart {
+            key: p.payload.key.clone(),
+            limit: p.payload.limit.clone(),
+            estimate: p.estimate,
+            actual,
+            adjust,
+            expired: p.expired(now_us),
+            decision: decision.map(|mut d| {
+                // What the settle answers is the counter after it: allowed
+                // (a settle denies nothing), however a peek would gate.
+                d.allowed = true;
+                d
+            }),
+        })
+        .collect();
+    Settled { parts, again: false }
 }
 
 /// Reservations kept in this process (the memory store's): sharded by id,
 /// each record dropped once [`Reservation::retained_until_us`] has passed
-/// (when met, and by [`Ledger::sweep`]).
+/// (when met, and by a sweep of its shard each time the shard doubles
+/// since its last sweep).
 #[derive(Debug)]
 pub struct Ledger<P, R> {
     shards: Box<[Mutex<Records<P, R>>]>,
 }
 
-type Records<P, R> = HashMap<ReservationId, Reservation<P, R>>;
+#[derive(Debug)]
+struct Records<P, R> {
+    map: HashMap<ReservationId, Reservation<P, R>>,
+    /// Sweep the shard when it holds this many.
+    sweep_at: usize,
+}
+
+const MIN_SWEEP: usize = 1024;
 
 impl<P, R> Default for Ledger<P, R> {
     fn default() -> Self {
-        Ledger { shards: (0..16).map(|_| Mutex::new(HashMap::new())).collect() }
+        Ledger { shards: (0..16).map(|_| Mutex::new(Records { map: HashMap::new(), sweep_at: MIN_SWEEP })).collect() }
     }
 }
 
@@ -252,36 +373,43 @@ impl<P, R: Clone> Ledger<P, R> {
         self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keep `r` under a new id.
-    pub fn insert(&self, r: Reservation<P, R>) -> ReservationId {
+    /// Keep `r` under a new id at `now_us`.
+    pub fn insert(&self, r: Reservation<P, R>, now_us: u64) -> ReservationId {
         let id = ReservationId::new();
-        self.shard(id).insert(id, r);
+        let mut shard = self.shard(id);
+        if shard.map.len() >= shard.sweep_at {
+            shard.map.retain(|_, r| now_us < r.retained_until_us());
+            shard.sweep_at = (shard.map.len() * 2).max(MIN_SWEEP);
+        }
+        shard.map.insert(id, r);
         id
     }
 
     /// Settle `id` at `actual` at `now_us`: `apply` makes the adjustments
-    /// of a first settle (given each part and its adjustment) and returns
-    /// the answer, which is recorded; a second settle with the same amounts
-    /// answers it again. The shard's lock is held throughout, so two
-    /// settles of one reservation never both apply.
+    /// of a first settle (given the parts, the amounts per part and their
+    /// adjustments) and returns the answer, which is recorded; a second
+    /// settle with the same amounts answers it again (and `true`: a
+    /// repeat). The shard's lock is held throughout, so two settles of one
+    /// reservation never both apply.
     pub fn settle(
         &self,
         id: ReservationId,
         actual: &[u64],
         now_us: u64,
-        apply: impl FnOnce(&[Part<P>], &[Adjust], bool) -> R,
-    ) -> Result<R, SettleError> {
+        apply: impl FnOnce(&[Part<P>], &[u64], &[Adjust]) -> R,
+    ) -> Result<(R, bool), ReservationError> {
         let mut shard = self.shard(id);
-        let Some(r) = shard.get_mut(&id).filter(|r| now_us < r.retained_until_us()) else {
-            shard.remove(&id);
-            return Err(SettleError::Unknown);
+        let Some(r) = shard.map.get_mut(&id).filter(|r| now_us < r.retained_until_us()) else {
+            shard.map.remove(&id);
+            return Err(ReservationError::Unknown);
         };
         match r.claim(actual, now_us)? {
-            Claim::Again(answer) => Ok(answer),
-            Claim::First { adjust, expired } => {
-                let answer = apply(&r.parts, &adjust, expired);
-                r.settled = Some((r.amounts(actual)?, answer.clone()));
-                Ok(answer)
+            Claim::Again(answer) => Ok((answer, true)),
+            Claim::First(adjust) => {
+                let amounts = r.amounts(actual)?;
+                let answer = apply(&r.parts, &amounts, &adjust);
+                r.settled = Some((amounts, answer.clone()));
+                Ok((answer, false))
             }
         }
     }
@@ -292,21 +420,80 @@ impl<P, R: Clone> Ledger<P, R> {
             .iter()
             .map(|s| {
                 let mut s = s.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let before = s.len();
-                s.retain(|_, r| now_us < r.retained_until_us());
-                before - s.len()
+                let before = s.map.len();
+                s.map.retain(|_, r| now_us < r.retained_until_us());
+                before - s.map.len()
             })
             .sum()
     }
 
     /// Records held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()).sum()
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).map.len()).sum()
     }
 
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The memory store's reservations (and a memory region's: the region is
+/// one process).
+pub type Book = Ledger<Held, Settled>;
+
+impl Book {
+    /// Keep what an allowed request's `checks` took at `now_us` (their
+    /// store `results`; `ttls_us` each check's `reservation_ttl`): one part
+    /// per check that takes (a peek too: a settle charges its actual amount
+    /// late). `None` when the request was denied (it took nothing) or has
+    /// no such check.
+    pub fn keep(
+        &self,
+        checks: &[crate::Check<'_>],
+        results: &[Result<crate::Decision, crate::StoreError>],
+        ttls_us: &[u64],
+        now_us: u64,
+    ) -> Option<ReservationId> {
+        let denied = checks.iter().zip(results).any(|(c, r)| c.enforce && r.as_ref().is_ok_and(|d| !d.allowed));
+        if denied {
+            return None;
+        }
+        let parts: Vec<Part<Held>> = checks
+            .iter()
+            .zip(results)
+            .zip(ttls_us)
+            .filter(|((c, r), _)| c.op == crate::Op::Take && r.as_ref().is_ok_and(|d| d.allowed))
+            .map(|((c, _), &ttl)| Part {
+                payload: Held { key: c.key.to_owned(), limit: c.limit.clone(), scope: c.scope },
+                estimate: c.hits,
+                taken_at_us: now_us,
+                expires_at_us: now_us.saturating_add(ttl),
+            })
+            .collect();
+        if parts.is_empty() {
+            return None;
+        }
+        Some(self.insert(Reservation { parts, settled: None }, now_us))
+    }
+
+    /// Settle `id` at `actual` at `now_us`, `apply` deciding the
+    /// adjustments' checks (all at `now_us`; each is never denied).
+    pub fn settle_with(
+        &self,
+        id: ReservationId,
+        actual: &[u64],
+        now_us: u64,
+        apply: impl FnOnce(&[crate::Check<'_>], &mut Vec<Result<crate::Decision, crate::StoreError>>),
+    ) -> Result<Settled, ReservationError> {
+        let (mut answer, again) = self.settle(id, actual, now_us, |parts, amounts, adjust| {
+            let checks = adjustments(parts, adjust);
+            let mut out = Vec::with_capacity(checks.len());
+            apply(&checks, &mut out);
+            settled(parts, amounts, adjust, out, now_us)
+        })?;
+        answer.again = again;
+        Ok(answer)
     }
 }
 
@@ -318,9 +505,10 @@ mod tests {
 
     fn reservation(estimates: &[u64]) -> Reservation<&'static str, String> {
         Reservation {
-            parts: estimates.iter().map(|&e| Part { payload: "k", estimate: e, taken_at_us: 7 * S }).collect(),
-            expires_at_us: 300 * S,
-            ttl_us: 300 * S,
+            parts: estimates
+                .iter()
+                .map(|&e| Part { payload: "k", estimate: e, taken_at_us: 0, expires_at_us: 300 * S })
+                .collect(),
             settled: None,
         }
     }
@@ -329,13 +517,13 @@ mod tests {
     fn a_settle_charges_the_excess_late_and_returns_the_rest_as_never_taken() {
         let r = reservation(&[100]);
         let first = |a: u64, now: u64| match r.claim(&[a], now).unwrap() {
-            Claim::First { adjust, .. } => adjust[0],
+            Claim::First(adjust) => adjust[0],
             Claim::Again(_) => unreachable!(),
         };
         assert_eq!(first(130, 10 * S), Adjust::Late(30));
-        assert_eq!(first(40, 10 * S), Adjust::Return { hits: 60, taken_at_us: 7 * S });
+        assert_eq!(first(40, 10 * S), Adjust::Return { hits: 60, taken_at_us: 0 });
         assert_eq!(first(100, 10 * S), Adjust::Nothing);
-        assert_eq!(first(0, 10 * S), Adjust::Return { hits: 100, taken_at_us: 7 * S }, "cancel");
+        assert_eq!(first(0, 10 * S), Adjust::Return { hits: 100, taken_at_us: 0 }, "cancel");
         // Expired unsettled: it kept its estimate; the excess is still
         // charged, nothing is returned.
         assert_eq!(first(130, 300 * S), Adjust::Late(30));
@@ -347,44 +535,47 @@ mod tests {
         let r = reservation(&[10, 20]);
         assert_eq!(r.amounts(&[5]).unwrap(), vec![5, 5]);
         assert_eq!(r.amounts(&[5, 25]).unwrap(), vec![5, 25]);
-        assert_eq!(r.amounts(&[1, 2, 3]), Err(SettleError::Amounts { parts: 2, given: 3 }));
-        assert_eq!(r.amounts(&[]), Err(SettleError::Amounts { parts: 2, given: 0 }));
+        assert_eq!(r.amounts(&[1, 2, 3]), Err(ReservationError::Amounts { parts: 2, given: 3 }));
+        assert_eq!(r.amounts(&[]), Err(ReservationError::Amounts { parts: 2, given: 0 }));
     }
 
     #[test]
     fn a_reservation_settles_once_and_answers_the_same_settle_again() {
         let ledger: Ledger<&'static str, String> = Ledger::default();
-        let id = ledger.insert(reservation(&[10, 20]));
+        let id = ledger.insert(reservation(&[10, 20]), 0);
         let mut applied = 0;
         let answer = ledger
-            .settle(id, &[5, 25], 10 * S, |parts, adjust, expired| {
+            .settle(id, &[5, 25], 10 * S, |parts, amounts, adjust| {
                 applied += 1;
                 assert_eq!(parts.len(), 2);
-                assert!(!expired);
+                assert_eq!(amounts, [5, 25]);
                 format!("{adjust:?}")
             })
             .unwrap();
-        assert_eq!(answer, "[Return { hits: 5, taken_at_us: 7000000 }, Late(5)]");
+        assert_eq!(answer, ("[Return { hits: 5, taken_at_us: 0 }, Late(5)]".to_owned(), false));
         let again = ledger.settle(id, &[5, 25], 11 * S, |_, _, _| unreachable!("settled once")).unwrap();
-        assert_eq!(again, answer);
+        assert_eq!(again, (answer.0, true));
         assert_eq!(applied, 1);
         assert_eq!(
             ledger.settle(id, &[6, 25], 11 * S, |_, _, _| unreachable!()),
-            Err(SettleError::Conflict { settled: vec![5, 25] })
+            Err(ReservationError::Conflict { settled: vec![5, 25] })
         );
-        assert_eq!(ledger.settle(ReservationId(1), &[1], 11 * S, |_, _, _| unreachable!()), Err(SettleError::Unknown));
+        assert_eq!(
+            ledger.settle(ReservationId(1), &[1], 11 * S, |_, _, _| unreachable!()),
+            Err(ReservationError::Unknown)
+        );
     }
 
     #[test]
     fn a_record_outlives_its_expiry_by_its_ttl_then_is_unknown() {
         let ledger: Ledger<&'static str, String> = Ledger::default();
-        let id = ledger.insert(reservation(&[10]));
-        let late = ledger.settle(id, &[15], 599 * S, |_, adjust, expired| format!("{adjust:?} {expired}")).unwrap();
-        assert_eq!(late, "[Late(5)] true");
-        let gone = ledger.insert(reservation(&[10]));
+        let id = ledger.insert(reservation(&[10]), 0);
+        let late = ledger.settle(id, &[5], 599 * S, |_, _, adjust| format!("{adjust:?}")).unwrap();
+        assert_eq!(late.0, "[Nothing]", "expired: it kept its estimate");
+        let gone = ledger.insert(reservation(&[10]), 0);
         assert_eq!(ledger.sweep(599 * S), 0);
         assert_eq!(ledger.sweep(600 * S), 2);
-        assert_eq!(ledger.settle(gone, &[15], 600 * S, |_, _, _| unreachable!()), Err(SettleError::Unknown));
+        assert_eq!(ledger.settle(gone, &[15], 600 * S, |_, _, _| unreachable!()), Err(ReservationError::Unknown));
         assert!(ledger.is_empty());
     }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use floodgate_core::limiter::Verdict;
+use floodgate_core::reservation::{ReservationError, Settled};
 use floodgate_core::rules::{FailureMode, Rule};
 use floodgate_core::{Op, StoreError};
 use serde_json::{Value, json};
@@ -26,10 +27,12 @@ pub enum Protocol {
     Check,
     /// The reverse proxy (`floodgate proxy`).
     Proxy,
+    /// Reserves (`POST /v1/reserve`, `floodgate.budget.v1.Budget/Reserve`).
+    Reserve,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 4] = [Protocol::Grpc, Protocol::Json, Protocol::Check, Protocol::Proxy];
+    const ALL: [Protocol; 5] = [Protocol::Grpc, Protocol::Json, Protocol::Check, Protocol::Proxy, Protocol::Reserve];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -37,9 +40,13 @@ impl Protocol {
             Protocol::Json => "json",
             Protocol::Check => "check",
             Protocol::Proxy => "proxy",
+            Protocol::Reserve => "reserve",
         }
     }
 }
+
+/// The `result` labels of `floodgate_settles_total`.
+const SETTLE_RESULTS: [&str; 5] = ["settled", "again", "unknown", "conflict", "error"];
 
 /// Latency buckets, in seconds (10 µs to 1 s).
 const BUCKETS: [f64; 15] = [
@@ -108,6 +115,10 @@ pub struct Metrics {
     store_errors: [AtomicU64; 2],
     /// gRPC requests shed (too many in flight; `listen::overload`).
     shed: AtomicU64,
+    /// Settles by result: settled, again, unknown, conflict, error.
+    settles: [AtomicU64; 5],
+    /// Hits settles charged late and returned.
+    settled_hits: [AtomicU64; 2],
     dashboard: Dashboard,
 }
 
@@ -219,6 +230,25 @@ impl Metrics {
         }
     }
 
+    /// A settle's result in the metrics.
+    pub fn settle(&self, result: &Result<Settled, ReservationError>) {
+        let i = match result {
+            Ok(s) if s.again => 1,
+            Ok(s) => {
+                for p in &s.parts {
+                    let (late, returned) = p.adjust.amounts();
+                    self.settled_hits[0].fetch_add(late, Relaxed);
+                    self.settled_hits[1].fetch_add(returned, Relaxed);
+                }
+                0
+            }
+            Err(ReservationError::Unknown) => 2,
+            Err(ReservationError::Conflict { .. }) => 3,
+            Err(_) => 4,
+        };
+        self.settles[i].fetch_add(1, Relaxed);
+    }
+
     /// Append the service's metrics in Prometheus text format.
     pub fn render(&self, out: &mut String) {
         out.push_str("# HELP floodgate_requests_total Rate-limit requests by protocol and result.\n");
@@ -248,6 +278,18 @@ impl Metrics {
             let sum = h.sum_ns.load(Relaxed) as f64 / 1e9;
             let _ = writeln!(out, "floodgate_request_duration_seconds_sum{{protocol=\"{p}\"}} {sum}");
             let _ = writeln!(out, "floodgate_request_duration_seconds_count{{protocol=\"{p}\"}} {count}");
+        }
+        out.push_str("# HELP floodgate_settles_total Reservation settles (and cancels) by result.\n");
+        out.push_str("# TYPE floodgate_settles_total counter\n");
+        for (i, r) in SETTLE_RESULTS.iter().enumerate() {
+            let v = self.settles[i].load(Relaxed);
+            let _ = writeln!(out, "floodgate_settles_total{{result=\"{r}\"}} {v}");
+        }
+        out.push_str("# HELP floodgate_settled_hits_total Hits settles charged after the work (late) and gave back (returned).\n");
+        out.push_str("# TYPE floodgate_settled_hits_total counter\n");
+        for (i, r) in ["late", "returned"].iter().enumerate() {
+            let v = self.settled_hits[i].load(Relaxed);
+            let _ = writeln!(out, "floodgate_settled_hits_total{{kind=\"{r}\"}} {v}");
         }
         out.push_str("# HELP floodgate_shed_total gRPC requests refused with RESOURCE_EXHAUSTED: too many in flight (--max-in-flight).\n");
         out.push_str("# TYPE floodgate_shed_total counter\n");

@@ -29,6 +29,7 @@ use crate::listen::threads;
 use crate::listen::{ConnLimit, ConnOptions, Handed, Held, ServerError, accept, serve_router};
 use crate::metrics::Metrics;
 use crate::protocol::admin::{self, AdminState};
+use crate::protocol::budget_grpc::BudgetServer;
 use crate::protocol::grpc::Rls;
 use crate::protocol::http::{self, HttpState};
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
@@ -173,6 +174,7 @@ where
         .max_concurrent_streams(grpc.max_streams)
         .layer(shed)
         .add_service(grpc.health)
+        .add_service(BudgetServer::new(grpc.service.clone()))
         .add_service(Rls::server(grpc.service, grpc.headers))
         .serve_with_incoming_shutdown(incoming, stopped(stop))
         .await
@@ -426,9 +428,9 @@ impl Bound {
                 tonic_health::server::HealthService::from_health_reporter(health.clone()),
             );
             health.set_service_status("", tonic_health::ServingStatus::Serving).await;
-            health
-                .set_service_status("envoy.service.ratelimit.v3.RateLimitService", tonic_health::ServingStatus::Serving)
-                .await;
+            for name in ["envoy.service.ratelimit.v3.RateLimitService", crate::protocol::budget_grpc::SERVICE] {
+                health.set_service_status(name, tonic_health::ServingStatus::Serving).await;
+            }
             let serving = Grpc {
                 service: service.clone(),
                 health: health_service,

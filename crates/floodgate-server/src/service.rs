@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
+use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
 use floodgate_core::{Algorithm, Answer, Decision, Limit, Op, Store};
 
@@ -73,6 +74,11 @@ pub enum RequestError {
     /// A descriptor with no entries or too many.
     #[error("descriptors[{0}].entries: must hold 1 to {MAX_ENTRIES} entries")]
     BadEntries(usize),
+    /// A reserve's descriptor that gives back.
+    #[error(
+        "descriptors[{0}]: a reserve takes its estimate; give back with a settle or cancel of the reservation, or a refund on /v1/check"
+    )]
+    RefundInReserve(usize),
 }
 
 /// What the service answered for one descriptor.
@@ -124,6 +130,30 @@ pub struct Decided {
     pub answer: Answer,
     /// One status per request descriptor, in order.
     pub statuses: Vec<DescriptorStatus>,
+}
+
+/// A reserve's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reserved {
+    /// The decision of the estimate.
+    pub decided: Decided,
+    /// The reservation, when the request was allowed and a limit took
+    /// from the store.
+    pub id: Option<ReservationId>,
+    /// How long it may give back what it does not use (the longest
+    /// `reservation_ttl` of its limits).
+    pub ttl: Option<Duration>,
+}
+
+/// Why a reserve was not decided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// The request is malformed.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The store keeps no reservations, or failed.
+    #[error(transparent)]
+    Reservation(#[from] ReservationError),
 }
 
 /// Rules, per-key entries, a store and metrics: everything a decision
@@ -182,6 +212,44 @@ impl<S: Store> Service<S> {
     /// store answers at once and per-key entries are not read from Redis.
     pub fn answers_at_once(&self) -> bool {
         self.limiter.store().answers_at_once() && self.keys.as_deref().is_none_or(PerKey::answers_at_once)
+    }
+
+    /// Reserve: decide `req` (its descriptors' hits the estimate), and
+    /// when it is allowed keep what each limit took as one reservation,
+    /// to settle or cancel later through any instance of the region
+    /// ([`Service::settle`]). A reserve gives nothing back: a refund
+    /// descriptor is refused.
+    pub async fn reserve(&self, req: &Request) -> Result<Reserved, ReserveError> {
+        let started = Instant::now();
+        if let Some(i) = req.descriptors.iter().position(|d| d.refund) {
+            return Err(RequestError::RefundInReserve(i).into());
+        }
+        let sources = self.sources(req).await?;
+        let planned = plan(req, &sources, self.keys.as_deref());
+        let checks = checks_of(req, &planned);
+        let (outcome, id) = match self.limiter.reserve(&checks).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.request(Protocol::Reserve, None, started.elapsed());
+                return Err(e.into());
+            }
+        };
+        let decided = self.answer(req, &planned, &checks, &outcome);
+        self.metrics.request(Protocol::Reserve, Some(decided.answer.allowed), started.elapsed());
+        let ttl =
+            id.and_then(|_| checks.iter().filter(|c| c.rule.limit.is_some()).map(|c| c.rule.reservation_ttl).max());
+        Ok(Reserved { decided, id, ttl })
+    }
+
+    /// Settle reservation `id` at `actual` (one amount for all its limits,
+    /// or one per limit in the reserve's order; a cancel settles at 0):
+    /// the excess over the estimate charged after the work, what was not
+    /// used given back as if never taken (see
+    /// [`floodgate_core::reservation`]).
+    pub async fn settle(&self, id: ReservationId, actual: &[u64]) -> Result<Settled, ReservationError> {
+        let result = self.limiter.store().settle(id, actual).await;
+        self.metrics.settle(&result);
+        result
     }
 
     /// A decided request (or a refused one) in the metrics.

@@ -5,4 +5,5 @@
 mod budgets;
 mod perkey;
 mod reload;
+mod reservations;
 mod server;

@@ -124,7 +124,7 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
     r.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
 }
 
-type Http = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type Http = Client<HttpConnector, Full<Bytes>>;
 
 pub(crate) fn http() -> Http {
     Client::builder(TokioExecutor::new()).build_http()

@@ -129,7 +129,17 @@ pub struct Rule {
     pub stats_key: String,
     /// Where the rule is defined.
     pub source: Source,
+    /// How long a reservation's part of this rule may return what it did
+    /// not use; after that it keeps its estimate (`reservation_ttl`,
+    /// [`DEFAULT_RESERVATION_TTL`]).
+    pub reservation_ttl: std::time::Duration,
 }
+
+/// A rule's `reservation_ttl` when it names none: 5 minutes.
+pub const DEFAULT_RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The longest `reservation_ttl`: a day.
+pub const MAX_RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
 
 impl Rule {
     /// A rule made of a limit alone (no name, not shadowed, failure mode
@@ -148,6 +158,7 @@ impl Rule {
             scope: Scope::Region,
             stats_key,
             source: Source { file: u32::MAX, pos: Pos::default() },
+            reservation_ttl: DEFAULT_RESERVATION_TTL,
         }
     }
 }

@@ -34,6 +34,7 @@ use super::key::{Probe, StoredKey};
 use super::table::Table;
 
 use super::{Check, Op, all_or_nothing};
+use crate::reservation::{Book, ReservationError, ReservationId, Settled};
 use crate::{Clock, Decision, Limit, State, Store, StoreError, SystemClock};
 
 /// Default bound on the number of keys: 2^21 (about 2.1 million).
@@ -64,6 +65,8 @@ pub struct MemoryStore<C = SystemClock> {
     on_full: OnFull,
     clock: C,
     evictions: AtomicU64,
+    /// The reservations made here.
+    book: Book,
 }
 
 /// One shard, on its own cache lines so neighbours' locks do not contend.
@@ -181,6 +184,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             on_full: self.on_full,
             clock: self.clock,
             evictions: AtomicU64::new(0),
+            book: Book::default(),
         }
     }
 }
@@ -304,6 +308,12 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// The reservations made through this store (a memory region's
+    /// decisions keep theirs here too).
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
     /// [`Store::apply_all`] at an explicit time.
     pub fn apply_all_at(&self, checks: &[Check<'_>], now_us: u64, out: &mut Vec<Result<Decision, StoreError>>) {
         all_or_nothing(
@@ -332,7 +342,10 @@ impl<C: Clock> MemoryStore<C> {
     /// Drop every expired key now (e.g. from a periodic task); returns how
     /// many were dropped.
     pub fn sweep(&self) -> usize {
-        let now_s = seconds(self.clock.now_us());
+        let now_us = self.clock.now_us();
+        // Reservations whose records have outlived their retention too.
+        self.book.sweep(now_us);
+        let now_s = seconds(now_us);
         self.shards
             .iter()
             .map(|s| {
@@ -444,6 +457,26 @@ impl<C: Clock> Store for MemoryStore<C> {
     #[inline]
     fn answers_at_once(&self) -> bool {
         true
+    }
+
+    fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        ttls_us: &[u64],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> impl Future<Output = Result<Option<ReservationId>, ReservationError>> + Send {
+        let now = self.clock.now_us();
+        self.apply_all_at(checks, now, out);
+        std::future::ready(Ok(self.book.keep(checks, out, ttls_us, now)))
+    }
+
+    fn settle(
+        &self,
+        id: ReservationId,
+        actual: &[u64],
+    ) -> impl Future<Output = Result<Settled, ReservationError>> + Send {
+        let now = self.clock.now_us();
+        std::future::ready(self.book.settle_with(id, actual, now, |c, out| self.apply_all_at(c, now, out)))
     }
 
     #[inline]

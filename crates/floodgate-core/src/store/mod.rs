@@ -7,6 +7,7 @@ mod table;
 
 use std::future::Future;
 
+use crate::reservation::{ReservationError, ReservationId, Settled};
 use crate::{Decision, Limit};
 
 /// A store of keyed rate-limit state: one atomic check-and-update per call.
@@ -59,6 +60,34 @@ pub trait Store: Send + Sync {
     /// layer) polls it once, with [`ready_at_once`], only then.
     fn answers_at_once(&self) -> bool {
         false
+    }
+
+    /// Reserve: decide `checks` as [`Store::apply_all`] does (all or
+    /// nothing, into `out`) and, when the request is allowed, keep what
+    /// each check took as one reservation (`ttls_us`: each check's
+    /// `reservation_ttl`), to settle later with [`Store::settle`] through
+    /// any instance of the region. `None` when nothing was kept (denied,
+    /// or no check takes). The default keeps none and decides nothing.
+    fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        ttls_us: &[u64],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> impl Future<Output = Result<Option<ReservationId>, ReservationError>> + Send {
+        let _ = (checks, ttls_us);
+        out.clear();
+        std::future::ready(Err(ReservationError::Unsupported("use the memory store or Redis")))
+    }
+
+    /// Settle reservation `id` at `actual` (one amount for every part, or
+    /// one per part): see [`crate::reservation`].
+    fn settle(
+        &self,
+        id: ReservationId,
+        actual: &[u64],
+    ) -> impl Future<Output = Result<Settled, ReservationError>> + Send {
+        let _ = (id, actual);
+        std::future::ready(Err(ReservationError::Unsupported("use the memory store or Redis")))
     }
 
     /// Whether keys are compared as bytes, so a caller may key by bytes

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::Backend;
 use crate::metrics::{Protocol, gauge};
+use crate::protocol::budget;
 use crate::protocol::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
 use crate::service::{Request, Service};
 use floodgate_core::headers::HeaderMode;
@@ -44,6 +45,9 @@ pub fn router<S: Backend>(state: Arc<HttpState<S>>, body_limit: usize) -> Router
     Router::new()
         .route("/json", post(pb_json::<S>))
         .route("/v1/check", post(check::<S>))
+        .route("/v1/reserve", post(budget::reserve::<S>))
+        .route("/v1/settle", post(budget::settle::<S>))
+        .route("/v1/cancel", post(budget::cancel::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/healthz", get(|| async { (StatusCode::OK, axum::Json(json!({"status": "ok"}))) }))
         .route("/readyz", get(readyz::<S>))
@@ -90,7 +94,7 @@ async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "",
-        "no such endpoint: see docs/service.md (\"The HTTP API\") for /json, /v1/check, /healthz, /readyz, /metrics",
+        "no such endpoint: see docs/service.md (\"The HTTP API\") for /json, /v1/check, /v1/reserve, /v1/settle, /v1/cancel, /healthz, /readyz, /metrics",
     )
 }
 
@@ -124,7 +128,7 @@ pub fn body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<
     })
 }
 
-fn with_headers(mut resp: Response, hs: Vec<(&'static str, String)>) -> Response {
+pub(crate) fn with_headers(mut resp: Response, hs: Vec<(&'static str, String)>) -> Response {
     for (k, v) in hs {
         if let Ok(v) = HeaderValue::from_str(&v) {
             resp.headers_mut().insert(HeaderName::from_static(k), v);

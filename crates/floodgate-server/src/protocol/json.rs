@@ -229,7 +229,7 @@ struct CheckRequest {
 
 /// A JSON object read as ordered `(key, value)` entries (document order:
 /// descriptor entries are matched in order).
-struct Entries(Vec<(String, String)>);
+pub(crate) struct Entries(pub(crate) Vec<(String, String)>);
 
 impl<'de> Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -280,7 +280,7 @@ pub fn parse_check_request(body: &[u8]) -> Result<Request, BadRequest> {
 }
 
 /// Whole milliseconds, rounded up.
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 

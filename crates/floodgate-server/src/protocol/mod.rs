@@ -3,6 +3,8 @@
 //! no policy of its own.
 
 pub mod admin;
+pub mod budget;
+pub mod budget_grpc;
 pub mod grpc;
 pub mod http;
 pub mod json;

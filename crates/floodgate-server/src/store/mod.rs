@@ -7,6 +7,7 @@ pub mod regions;
 
 use std::sync::Arc;
 
+use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::{RedisRegion, RedisStore};
 
@@ -71,6 +72,36 @@ impl Store for ServerStore {
                     }
                 }
             }
+        }
+    }
+
+    async fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        ttls_us: &[u64],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> Result<Option<ReservationId>, ReservationError> {
+        match self {
+            Self::Memory(s) => s.reserve(checks, ttls_us, out).await,
+            Self::Regional(s, t, _) => {
+                // The region is this process: its reservations are kept
+                // beside the memory store's, decided through the table.
+                let now = s.clock().now_us();
+                t.apply_all_with(s, checks, now, out);
+                Ok(s.book().keep(checks, out, ttls_us, now))
+            }
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.reserve(checks, ttls_us, out).await,
+        }
+    }
+
+    async fn settle(&self, id: ReservationId, actual: &[u64]) -> Result<Settled, ReservationError> {
+        match self {
+            Self::Memory(s) => s.settle(id, actual).await,
+            Self::Regional(s, t, _) => {
+                let now = s.clock().now_us();
+                s.book().settle_with(id, actual, now, |c, out| t.apply_all_with(s, c, now, out))
+            }
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.settle(id, actual).await,
         }
     }
 

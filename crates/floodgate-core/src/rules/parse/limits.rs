@@ -5,7 +5,7 @@
 use super::{FileParser, Flags, RATE_LIMIT_KEYS, REPLACES_KEYS, RateLimitFields, describe};
 use crate::region::{Scope, SyncMode, parse_overshoot};
 use crate::rules::Pos;
-use crate::rules::model::{FailureMode, Rule, Source, Unit};
+use crate::rules::model::{DEFAULT_RESERVATION_TTL, FailureMode, MAX_RESERVATION_TTL, Rule, Source, Unit};
 use crate::rules::yaml::Node;
 use crate::{Algorithm, AlgorithmKind, Charge, LeakyMode, Limit, LimitError, parse_duration};
 
@@ -36,6 +36,7 @@ impl FileParser<'_> {
                 "sync" => f.sync = self.string(v, &at).map(|s| (s, pos)),
                 "overshoot" => f.overshoot = self.string(v, &at).map(|s| (s, pos)),
                 "charge" => f.charge = self.string(v, &at).map(|s| (s, pos)),
+                "reservation_ttl" => f.reservation_ttl = self.string(v, &at).map(|s| (s, pos)),
                 _ => f.local_share = self.share(v, &at).map(|s| (s, pos)),
             }
         }
@@ -61,6 +62,7 @@ impl FileParser<'_> {
             },
         };
         let scope = self.scope(&f, field);
+        let reservation_ttl = self.reservation_ttl(&f, field);
         let (limit, local_limit) = if f.unlimited {
             self.check_unlimited(&f, field);
             (None, None)
@@ -93,7 +95,28 @@ impl FileParser<'_> {
             scope,
             stats_key: stats_key.to_owned(),
             source: Source { file: self.file, pos: node.pos() },
+            reservation_ttl,
         })
+    }
+
+    /// `reservation_ttl`: a duration from 1s to a day (default 5 minutes).
+    fn reservation_ttl(&mut self, f: &RateLimitFields, field: &str) -> std::time::Duration {
+        let Some((text, pos)) = &f.reservation_ttl else { return DEFAULT_RESERVATION_TTL };
+        match parse_duration(text) {
+            Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_RESERVATION_TTL => d,
+            r => {
+                let why = r.err().map(|e| format!(" ({e})")).unwrap_or_default();
+                self.error(
+                    *pos,
+                    &format!("{field}.reservation_ttl"),
+                    format!(
+                        "`{text}`{why}: write a duration from 1s to 24h (how long a reservation may give back what \
+                         it did not use; default 5m)"
+                    ),
+                );
+                DEFAULT_RESERVATION_TTL
+            }
+        }
     }
 
     /// An unlimited rule takes no unit (a valid one is an error, an invalid
@@ -117,6 +140,7 @@ impl FileParser<'_> {
             ("sync", f.sync.as_ref().map(|m| m.1)),
             ("overshoot", f.overshoot.as_ref().map(|m| m.1)),
             ("charge", f.charge.as_ref().map(|m| m.1)),
+            ("reservation_ttl", f.reservation_ttl.as_ref().map(|m| m.1)),
         ];
         for (k, pos) in extensions {
             if let Some(pos) = pos {

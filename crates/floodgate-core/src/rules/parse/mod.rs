@@ -94,6 +94,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "sync",
     "overshoot",
     "charge",
+    "reservation_ttl",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -130,6 +131,7 @@ struct RateLimitFields {
     sync: Option<(String, Pos)>,
     overshoot: Option<(String, Pos)>,
     charge: Option<(String, Pos)>,
+    reservation_ttl: Option<(String, Pos)>,
 }
 
 /// The descriptor-level flags a rule inherits from its descriptor.
