@@ -267,6 +267,8 @@ pub struct SettledPart {
     pub key: String,
     /// The limit.
     pub limit: crate::Limit,
+    /// Which regions share it.
+    pub scope: crate::region::Scope,
     /// The hits reserved.
     pub estimate: u64,
     /// The hits settled.
@@ -328,6 +330,7 @@ pub fn settled(
         .map(|(((p, &actual), &adjust), decision)| SettledPart {
             key: p.payload.key.clone(),
             limit: p.payload.limit.clone(),
+            scope: p.payload.scope,
             estimate: p.estimate,
             actual,
             adjust,

@@ -44,9 +44,30 @@
 -- reset_after (us), retry_after (us, -1 for none), delay (us).
 -- "refund" gives the hits back (a request whose other limits, in another
 -- slot, denied it) and returns, per request: now.
+--
+-- Reservations (floodgate_core::reservation), one request per call:
+-- "reserve": ARGV[2] the reservation id, ARGV[3] each check's ttl (us,
+-- space-separated), ARGV[4] the reservation's description for a settle
+-- through another instance ('' for none; else the last of KEYS is where
+-- it goes, kept as "<mask>\n<description>", mask: 1 per check kept, else
+-- 0). Decides as "apply"; when the request is allowed, each check that
+-- allowed keeps its part beside its counter, KEYS[i]:r:<id> =
+-- "<estimate> <taken at> <expires at>", for twice its ttl. Answers as
+-- "apply".
+-- "settle": ARGV[2] the id; the request's checks are the parts, in order,
+-- with hits the actual amount. Every part unsettled: each is charged its
+-- excess late (as flag 4), or given back what it did not use as if never
+-- taken (a return, when not expired), then recorded as settled
+-- ("=<actual> <late> <returned> <expired> <remaining> <reset>"). Every
+-- part settled at the same amounts: their records answer again, nothing
+-- is done. Returns now, then 0 and per part: again (1/0), late, returned,
+-- expired (1/0), remaining, reset (us); or 2 (a part unknown); or 3 and
+-- each part's settled amount (another amount: a conflict). All of a
+-- call's parts or none.
 
 local op = ARGV[1]
 local refunding = op == 'refund'
+local reserving, settling = op == 'reserve', op == 'settle'
 if op == 'merge' or op == 'read' or op == 'ack' then
   local now
   if ARGV[2] == '' then
@@ -61,9 +82,18 @@ if op == 'merge' or op == 'read' or op == 'ack' then
   flush()
   return out
 end
-if not refunding and op ~= 'apply' then
-  return redis.error_reply('floodgate: ARGV[1] must be apply, refund, merge, read or ack, not ' .. tostring(op))
+if not refunding and op ~= 'apply' and not reserving and not settling then
+  return redis.error_reply('floodgate: ARGV[1] must be apply, refund, reserve, settle, merge, read or ack, not ' .. tostring(op))
 end
+-- Where the requests' arguments start, and the reservation's header.
+local first, rid, rttls, rdesc = 2, nil, nil, ''
+if reserving then
+  first, rid, rttls, rdesc = 5, ARGV[2], ARGV[3], ARGV[4]
+elseif settling then
+  first, rid = 3, ARGV[2]
+end
+local extra_keys = 0
+if rdesc ~= '' then extra_keys = 1 end
 
 local STRIDE = 8
 
@@ -83,7 +113,7 @@ end
 
 -- Check the shape of the whole batch before changing anything, and list
 -- its string-state keys (algorithms marked `string`) to read in one MGET.
-local a, k = 2, 0
+local a, k = first, 0
 local fetch, listed = {}, {}
 while a <= #ARGV do
   local n = tonumber(ARGV[a + 1])
@@ -106,7 +136,10 @@ while a <= #ARGV do
   end
   a, k = a + 2 + STRIDE * n, k + n
 end
-if a ~= #ARGV + 1 or k ~= #KEYS then
+if (reserving or settling) and a ~= first + 2 + STRIDE * tonumber(ARGV[first + 1]) then
+  return bad('a reserve or a settle is one request')
+end
+if a ~= #ARGV + 1 or k + extra_keys ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
 end
 prefetch(fetch)
@@ -173,9 +206,53 @@ local function charged(alg, key, l, w, p, hits, now, after)
   return allowed, remaining, reset, retry, delay
 end
 
+-- A settle: each part's record read, and its check made the adjustment.
+local parts = nil
+if settling then
+  local n = tonumber(ARGV[first + 1])
+  local now = tonumber(ARGV[first]) or time_now()
+  parts = {}
+  local settled, conflict = 0, false
+  for i = 1, n do
+    local b = first + 2 + STRIDE * (i - 1)
+    local actual = tonumber(ARGV[b + 4])
+    local rec = redis.call('GET', KEYS[i] .. ':r:' .. rid)
+    if not rec then return { now, 2 } end
+    local amt, late, back, exp, rem, reset = string.match(rec, '^=(%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$')
+    if amt then
+      settled = settled + 1
+      if tonumber(amt) ~= actual then conflict = true end
+      parts[i] = { 1, tonumber(late), tonumber(back), tonumber(exp), tonumber(rem), tonumber(reset), tonumber(amt) }
+      ARGV[b + 4], ARGV[b + 5] = 0, 0
+    else
+      local est, at, til = string.match(rec, '^(%d+) (%d+) (%d+)$')
+      if not est then return bad('a malformed reservation record at ' .. KEYS[i] .. ':r:' .. rid) end
+      est, at, til = tonumber(est), tonumber(at), tonumber(til)
+      local expired = 0
+      if now >= til then expired = 1 end
+      late, back = 0, 0
+      if actual > est then
+        late = actual - est
+        ARGV[b + 4], ARGV[b + 5] = late, 4
+      elseif actual < est and expired == 0 then
+        back = est - actual
+        ARGV[b + 4], ARGV[b + 5] = back, math.max(at, 4294967296)
+      else
+        ARGV[b + 4], ARGV[b + 5] = 0, 0
+      end
+      parts[i] = { 0, late, back, expired, 0, 0, actual }
+    end
+  end
+  if conflict or (settled > 0 and settled < n) then
+    local r = { now, 3 }
+    for i = 1, n do r[#r + 1] = parts[i][7] end
+    return r
+  end
+end
+
 local out, o = {}, 0
 local allowed_at = {}
-a, k = 2, 0
+a, k = first, 0
 while a <= #ARGV do
   local now
   if ARGV[a] == '' then
@@ -290,4 +367,36 @@ while a <= #ARGV do
   a, k = a + 2 + STRIDE * n, k + n
 end
 flush()
+if reserving and out[2] == 0 then
+  -- Allowed: keep each part that took (allowed), beside its counter.
+  local n, now = tonumber(ARGV[first + 1]), out[1]
+  local ttls, mask, longest = {}, {}, 0
+  for t in string.gmatch(rttls, '%d+') do ttls[#ttls + 1] = tonumber(t) end
+  for i = 1, n do
+    mask[i] = '0'
+    if out[3 + 5 * (i - 1)] == 1 then
+      local ttl = ttls[i] or 300000000
+      local hits = tonumber(ARGV[first + 2 + STRIDE * (i - 1) + 4])
+      redis.call('SET', KEYS[i] .. ':r:' .. rid, int(hits) .. ' ' .. int(now) .. ' ' .. int(now + ttl),
+        'PX', int(math.floor(2 * ttl / 1000) + TTL_SLACK_MS))
+      mask[i] = '1'
+      longest = math.max(longest, ttl)
+    end
+  end
+  if rdesc ~= '' then
+    redis.call('SET', KEYS[#KEYS], table.concat(mask) .. '\n' .. rdesc,
+      'PX', int(math.floor(2 * longest / 1000) + TTL_SLACK_MS))
+  end
+elseif settling then
+  local r = { out[1], 0 }
+  for i, p in ipairs(parts) do
+    if p[1] == 0 then
+      p[5], p[6] = out[2 + 5 * (i - 1) + 2], out[2 + 5 * (i - 1) + 3]
+      redis.call('SET', KEYS[i] .. ':r:' .. rid, '=' .. int(p[7]) .. ' ' .. int(p[2]) .. ' ' .. int(p[3]) .. ' '
+        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]), 'KEEPTTL')
+    end
+    for j = 1, 6 do r[#r + 1] = p[j] end
+  end
+  return r
+end
 return out

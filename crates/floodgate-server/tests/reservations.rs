@@ -244,3 +244,66 @@ async fn reservations_in_memory() {
     reservations_over_grpc(&s).await;
     s.stop().await;
 }
+
+async fn redis_server(name: &str, url: &str) -> Server {
+    let url = url.to_owned();
+    Server::start_config(name, move |c| {
+        if let floodgate_server::rules::reload::RulesSource::Dir(dir) = &c.rules {
+            std::fs::write(dir.join("llm.yaml"), RULES).unwrap();
+        }
+        c.redis = Some(floodgate_redis::RedisConfig::new(url.parse().unwrap()));
+    })
+    .await
+}
+
+/// A reservation lives in the region's store: made through one instance,
+/// settled through another, once.
+async fn settled_through_another_instance(a: &Server, b: &Server) {
+    let (one, two) =
+        (Api { h: http(), base: format!("http://{}", a.http) }, Api { h: http(), base: format!("http://{}", b.http) });
+    let dims = json!([{"tenant": "x", "usage": "input"}, {"tenant": "x", "usage": "usd_micros"}]);
+    let (_, v) = one.reserve(dims, json!([100, 5_000])).await;
+    let id = v["reservation"].clone();
+    assert!(id.is_string(), "{v}");
+    let (st, v) = two.settle(&id, json!([40, 7_000])).await;
+    assert_eq!(st, 200, "{v}");
+    let got: Vec<(u64, u64, u64)> = v["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (p["returned"].as_u64().unwrap(), p["charged_late"].as_u64().unwrap(), p["remaining"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(got, [(60, 0, 960), (0, 2_000, 4_993_000)], "{v}");
+    // Once, wherever it is sent again.
+    let (_, again) = one.settle(&id, json!([40, 7_000])).await;
+    assert_eq!((&again["again"], &again["limits"]), (&json!(true), &v["limits"]), "{again}");
+    let (st, _) = one.settle(&id, json!([41, 7_000])).await;
+    assert_eq!(st, 409);
+    assert_eq!(two.remaining("x", "input").await, 960);
+}
+
+#[tokio::test]
+async fn reservations_on_redis() {
+    let redis = floodgate_testing::RedisServer::start();
+    let s = redis_server("reservations-redis", &redis.url()).await;
+    let other = redis_server("reservations-redis-2", &redis.url()).await;
+    reservations_over_http(&s).await;
+    reservations_over_grpc(&s).await;
+    settled_through_another_instance(&s, &other).await;
+    s.stop().await;
+    other.stop().await;
+}
+
+#[tokio::test]
+async fn reservations_on_a_redis_cluster() {
+    let cluster = floodgate_testing::RedisCluster::start();
+    let s = redis_server("reservations-cluster", &cluster.url()).await;
+    let other = redis_server("reservations-cluster-2", &cluster.url()).await;
+    reservations_over_http(&s).await;
+    reservations_over_grpc(&s).await;
+    settled_through_another_instance(&s, &other).await;
+    s.stop().await;
+    other.stop().await;
+}

@@ -230,7 +230,6 @@ impl RedisStore {
         now: Option<u64>,
         groups: &[Vec<usize>],
     ) -> Vec<Result<Reply, CallError>> {
-        let i = &self.inner;
         let replies = if groups.len() == 1 {
             let refs: Vec<&Check<'_>> = checks.iter().collect();
             vec![self.run_one(keys, &refs, now, Op::Apply).await]
@@ -247,28 +246,42 @@ impl RedisStore {
         // back when another denied (each slot already did so within itself).
         let denied_somewhere = replies.iter().any(|r| matches!(r, Ok(r) if r.denied));
         if denied_somewhere && groups.len() > 1 {
-            let refunds = groups.iter().zip(&replies).filter_map(|(g, r)| {
-                let r = r.as_ref().ok().filter(|r| !r.denied)?;
-                let (ks, cs): (Vec<String>, Vec<&Check<'_>>) = g
-                    .iter()
-                    .zip(&r.decisions)
-                    .filter(|&(&j, d)| d.allowed && checks[j].takes_back_on_denial())
-                    .map(|(&j, _)| (keys[j].clone(), &checks[j]))
-                    .unzip();
-                (!cs.is_empty()).then_some((ks, cs, r.now_us))
-            });
-            let calls: Vec<_> = refunds
-                .map(|(ks, cs, at)| async move {
-                    i.cross_slot_refunds.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = self.run_one(&ks, &cs, now, Op::Refund(at)).await {
-                        tracing::warn!(error = %e.store_error(i.config.timeout), "cross-slot refund failed: those limits keep this request's hits");
-                    }
-                })
-                .collect();
-            join_all(calls).await;
+            let answered: Vec<Option<&Reply>> = replies.iter().map(|r| r.as_ref().ok()).collect();
+            self.refund_allowed(keys, checks, groups, &answered, now).await;
         }
-
         replies
+    }
+
+    /// A request denied in one slot: every other slot's checks that allowed
+    /// give their hits back (`replies`: each slot's answer, if any).
+    pub(super) async fn refund_allowed(
+        &self,
+        keys: &[String],
+        checks: &[Check<'_>],
+        groups: &[Vec<usize>],
+        replies: &[Option<&Reply>],
+        now: Option<u64>,
+    ) {
+        let i = &self.inner;
+        let refunds = groups.iter().zip(replies).filter_map(|(g, r)| {
+            let r = r.filter(|r| !r.denied)?;
+            let (ks, cs): (Vec<String>, Vec<&Check<'_>>) = g
+                .iter()
+                .zip(&r.decisions)
+                .filter(|&(&j, d)| d.allowed && checks[j].takes_back_on_denial())
+                .map(|(&j, _)| (keys[j].clone(), &checks[j]))
+                .unzip();
+            (!cs.is_empty()).then_some((ks, cs, r.now_us))
+        });
+        let calls: Vec<_> = refunds
+            .map(|(ks, cs, at)| async move {
+                i.cross_slot_refunds.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.run_one(&ks, &cs, now, Op::Refund(at)).await {
+                    tracing::warn!(error = %e.store_error(i.config.timeout), "cross-slot refund failed: those limits keep this request's hits");
+                }
+            })
+            .collect();
+        join_all(calls).await;
     }
 
     /// Indices of the checks, grouped by hash slot (one group on a single

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 use floodgate_core::{Check, Decision, Limit, Store, StoreError};
 
 use crate::breaker::{Breaker, PROBE_EVERY};
@@ -22,6 +23,7 @@ use crate::target::Target;
 mod batch;
 mod commands;
 mod raw;
+mod reserve;
 
 pub use commands::{Script, Via};
 
@@ -152,6 +154,8 @@ struct Inner {
     here: Mutex<Vec<(std::thread::ThreadId, Arc<ConnSlot>)>>,
     connecting: tokio::sync::Mutex<()>,
     breaker: Breaker,
+    /// The parts of the reservations this instance made.
+    reservations: reserve::Remembered,
     denied: DeniedCache,
     clock: floodgate_core::SystemClock,
     calls: AtomicU64,
@@ -237,6 +241,7 @@ impl RedisStore {
                 here: Mutex::new(Vec::new()),
                 connecting: tokio::sync::Mutex::new(()),
                 breaker: Breaker::new(),
+                reservations: reserve::Remembered::default(),
                 denied: DeniedCache::new(),
                 clock: floodgate_core::SystemClock::new(),
                 calls: AtomicU64::new(0),
@@ -553,5 +558,18 @@ impl Store for RedisStore {
 
     async fn apply_all(&self, checks: &[Check<'_>], out: &mut Vec<Result<Decision, StoreError>>) {
         self.decide(checks, None, out).await;
+    }
+
+    async fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        ttls_us: &[u64],
+        out: &mut Vec<Result<Decision, StoreError>>,
+    ) -> Result<Option<ReservationId>, ReservationError> {
+        self.reserve_parts(checks, ttls_us, out).await
+    }
+
+    async fn settle(&self, id: ReservationId, actual: &[u64]) -> Result<Settled, ReservationError> {
+        self.settle_parts(id, actual).await
     }
 }

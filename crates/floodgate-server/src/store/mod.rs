@@ -7,7 +7,7 @@ pub mod regions;
 
 use std::sync::Arc;
 
-use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
+use floodgate_core::reservation::{Adjust, ReservationError, ReservationId, Settled};
 use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::{RedisRegion, RedisStore};
 
@@ -63,14 +63,7 @@ impl Store for ServerStore {
             Self::Redis(s) => s.apply_all(checks, out).await,
             Self::RedisRegional(s, region, _) => {
                 s.apply_all(checks, out).await;
-                for (c, r) in checks.iter().zip(out.iter()) {
-                    if let (Scope::Global(mode), Ok(d)) = (c.scope, r)
-                        && d.allowed
-                        && c.hits > 0
-                    {
-                        region.touched(c.key, c.limit, mode, c.hits, d.remaining);
-                    }
-                }
+                touched(region, checks, out);
             }
         }
     }
@@ -90,7 +83,12 @@ impl Store for ServerStore {
                 t.apply_all_with(s, checks, now, out);
                 Ok(s.book().keep(checks, out, ttls_us, now))
             }
-            Self::Redis(s) | Self::RedisRegional(s, ..) => s.reserve(checks, ttls_us, out).await,
+            Self::Redis(s) => s.reserve(checks, ttls_us, out).await,
+            Self::RedisRegional(s, region, _) => {
+                let id = s.reserve(checks, ttls_us, out).await;
+                touched(region, checks, out);
+                id
+            }
         }
     }
 
@@ -101,7 +99,20 @@ impl Store for ServerStore {
                 let now = s.clock().now_us();
                 s.book().settle_with(id, actual, now, |c, out| t.apply_all_with(s, c, now, out))
             }
-            Self::Redis(s) | Self::RedisRegional(s, ..) => s.settle(id, actual).await,
+            Self::Redis(s) => s.settle(id, actual).await,
+            Self::RedisRegional(s, region, _) => {
+                let settled = s.settle(id, actual).await?;
+                for p in settled.parts.iter().filter(|_| !settled.again) {
+                    let hits = match p.adjust {
+                        Adjust::Nothing => 0,
+                        Adjust::Late(h) | Adjust::Return { hits: h, .. } => h,
+                    };
+                    if let (Scope::Global(mode), Ok(d), true) = (p.scope, &p.decision, hits > 0) {
+                        region.touched(&p.key, &p.limit, mode, hits, d.remaining);
+                    }
+                }
+                Ok(settled)
+            }
         }
     }
 
@@ -109,6 +120,19 @@ impl Store for ServerStore {
         match self {
             Self::Memory(s) | Self::Regional(s, ..) => s.answers_at_once(),
             Self::Redis(s) | Self::RedisRegional(s, ..) => s.answers_at_once(),
+        }
+    }
+}
+
+/// A Redis region's global checks that changed a count, marked for the
+/// next sync.
+fn touched(region: &RedisRegion, checks: &[Check<'_>], out: &[Result<Decision, StoreError>]) {
+    for (c, r) in checks.iter().zip(out.iter()) {
+        if let (Scope::Global(mode), Ok(d)) = (c.scope, r)
+            && d.allowed
+            && c.hits > 0
+        {
+            region.touched(c.key, c.limit, mode, c.hits, d.remaining);
         }
     }
 }
