@@ -205,6 +205,14 @@ pub enum ReservationError {
     /// The store could not be asked.
     #[error(transparent)]
     Store(#[from] crate::StoreError),
+    /// The store holds as many reservations as it may.
+    #[error(
+        "{max} reservations held, the most this store keeps: settle or cancel them, or wait for them to expire (a record outlives its expiry by its reservation_ttl)"
+    )]
+    Full {
+        /// The bound.
+        max: usize,
+    },
 }
 
 /// What a settle may do.
@@ -349,11 +357,22 @@ pub fn settled(
 /// Reservations kept in this process (the memory store's): sharded by id,
 /// each record dropped once [`Reservation::retained_until_us`] has passed
 /// (when met, and by a sweep of its shard each time the shard doubles
-/// since its last sweep).
+/// since its last sweep), at most [`MAX_RESERVATIONS`] at once.
 #[derive(Debug)]
 pub struct Ledger<P, R> {
     shards: Box<[Mutex<Records<P, R>>]>,
+    /// Records held (kept beside the shards' counts, read without a lock).
+    held: std::sync::atomic::AtomicUsize,
+    /// When a full ledger may next sweep every shard (µs).
+    next_full_sweep_us: AtomicU64,
+    /// The most records held at once.
+    max: usize,
 }
+
+/// The most reservations the memory store keeps at once: a reserve beyond
+/// that is refused ([`ReservationError::Full`]). A record is a few hundred
+/// bytes: about 300 MiB at the bound.
+pub const MAX_RESERVATIONS: usize = 1 << 20;
 
 #[derive(Debug)]
 struct Records<P, R> {
@@ -366,7 +385,12 @@ const MIN_SWEEP: usize = 1024;
 
 impl<P, R> Default for Ledger<P, R> {
     fn default() -> Self {
-        Ledger { shards: (0..16).map(|_| Mutex::new(Records { map: HashMap::new(), sweep_at: MIN_SWEEP })).collect() }
+        Ledger {
+            shards: (0..16).map(|_| Mutex::new(Records { map: HashMap::new(), sweep_at: MIN_SWEEP })).collect(),
+            held: std::sync::atomic::AtomicUsize::new(0),
+            next_full_sweep_us: AtomicU64::new(0),
+            max: MAX_RESERVATIONS,
+        }
     }
 }
 
@@ -381,11 +405,36 @@ impl<P, R: Clone> Ledger<P, R> {
         let id = ReservationId::new();
         let mut shard = self.shard(id);
         if shard.map.len() >= shard.sweep_at {
+            let before = shard.map.len();
             shard.map.retain(|_, r| now_us < r.retained_until_us());
+            self.held.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
             shard.sweep_at = (shard.map.len() * 2).max(MIN_SWEEP);
         }
         shard.map.insert(id, r);
+        self.held.fetch_add(1, Ordering::Relaxed);
         id
+    }
+
+    /// A ledger of at most `max` records.
+    pub fn with_max(max: usize) -> Self {
+        Ledger { max, ..Ledger::default() }
+    }
+
+    /// The most records it holds at once.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Whether a new reservation would exceed [`Ledger::max`] at `now_us`
+    /// (a full ledger sweeps every shard first, at most once a second).
+    pub fn full(&self, now_us: u64) -> bool {
+        if self.held.load(Ordering::Relaxed) < self.max {
+            return false;
+        }
+        if self.next_full_sweep_us.fetch_max(now_us + 1_000_000, Ordering::Relaxed) <= now_us {
+            self.sweep(now_us);
+        }
+        self.held.load(Ordering::Relaxed) >= self.max
     }
 
     /// Settle `id` at `actual` at `now_us`: `apply` makes the adjustments
@@ -403,7 +452,9 @@ impl<P, R: Clone> Ledger<P, R> {
     ) -> Result<(R, bool), ReservationError> {
         let mut shard = self.shard(id);
         let Some(r) = shard.map.get_mut(&id).filter(|r| now_us < r.retained_until_us()) else {
-            shard.map.remove(&id);
+            if shard.map.remove(&id).is_some() {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
             return Err(ReservationError::Unknown);
         };
         match r.claim(actual, now_us)? {
@@ -425,14 +476,16 @@ impl<P, R: Clone> Ledger<P, R> {
                 let mut s = s.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let before = s.map.len();
                 s.map.retain(|_, r| now_us < r.retained_until_us());
-                before - s.map.len()
+                let dropped = before - s.map.len();
+                self.held.fetch_sub(dropped, Ordering::Relaxed);
+                dropped
             })
             .sum()
     }
 
     /// Records held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).map.len()).sum()
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Whether no record is held.
@@ -580,6 +633,19 @@ mod tests {
         assert_eq!(ledger.sweep(600 * S), 2);
         assert_eq!(ledger.settle(gone, &[15], 600 * S, |_, _, _| unreachable!()), Err(ReservationError::Unknown));
         assert!(ledger.is_empty());
+    }
+
+    #[test]
+    fn a_full_ledger_refuses_until_records_have_gone() {
+        let ledger: Ledger<&'static str, String> = Ledger::with_max(3);
+        for _ in 0..3 {
+            assert!(!ledger.full(0));
+            ledger.insert(reservation(&[1]), 0);
+        }
+        assert!(ledger.full(0), "three held, three the most");
+        assert!(ledger.full(599 * S), "retained until 600 s");
+        assert!(!ledger.full(600 * S), "swept once they have gone");
+        assert_eq!(ledger.len(), 0);
     }
 
     #[test]

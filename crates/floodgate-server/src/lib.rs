@@ -58,6 +58,13 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
 
 impl Backend for MemoryStore<SystemClock> {
     fn render_metrics(&self, out: &mut String) {
+        metrics::gauge(
+            out,
+            "floodgate_reservations_held",
+            "gauge",
+            "Reservations the in-memory store holds (open, and settled or expired ones kept one ttl more).",
+            self.book().len(),
+        );
         metrics::gauge(out, "floodgate_store_keys", "gauge", "Keys held by the in-memory store.", self.len());
         metrics::gauge(
             out,

@@ -265,9 +265,11 @@ pub(crate) struct BenchArgs {
     /// HTTP) address.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub(crate) server: String,
-    /// grpc (RLS ShouldRateLimit), json (POST /json), or get (GET --path on
+    /// grpc (RLS ShouldRateLimit), json (POST /json), get (GET --path on
     /// any HTTP server, e.g. through `floodgate proxy`: 2xx counts as
-    /// allowed, 429 as denied; no descriptor is sent).
+    /// allowed, 429 as denied; no descriptor is sent), or budget (a
+    /// reservation of one hit and its settle over gRPC,
+    /// floodgate.budget.v1.Budget: one request of the run is both calls).
     #[arg(long, default_value = "grpc")]
     pub(crate) protocol: String,
     /// The path of --protocol get.

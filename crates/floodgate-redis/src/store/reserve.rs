@@ -6,7 +6,8 @@
 //! instance sends it.
 //!
 //! A settle needs the parts' keys and limits: the instance that reserved
-//! remembers them (a bounded map, so a settle there is one call), and
+//! remembers them until they are settled (a bounded map, so a settle there
+//! is one call), and
 //! every reserve leaves their description in Redis (`<prefix>r:<id>`,
 //! kept as long as the parts), read first by a settle through another
 //! instance. On one server the description is written by the reserve's own
@@ -38,7 +39,15 @@ const REMEMBERED: usize = 1 << 16;
 /// longer be settled (bounded: past [`REMEMBERED`], a settle reads the
 /// description from Redis).
 #[derive(Debug, Default)]
-pub(crate) struct Remembered(Mutex<HashMap<ReservationId, Memo>>);
+pub(crate) struct Remembered(Mutex<Memos>);
+
+#[derive(Debug, Default)]
+struct Memos {
+    map: HashMap<ReservationId, Memo>,
+    /// When full: not swept again before this time (µs), so a full map
+    /// costs one scan a second, not one per reserve.
+    next_sweep_us: u64,
+}
 
 /// A reservation's parts, and until when (µs) they may be settled.
 type Memo = (Arc<[Held]>, u64);
@@ -46,16 +55,22 @@ type Memo = (Arc<[Held]>, u64);
 impl Remembered {
     fn put(&self, id: ReservationId, parts: Arc<[Held]>, until_us: u64, now_us: u64) {
         let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if m.len() >= REMEMBERED {
-            m.retain(|_, (_, until)| *until > now_us);
+        if m.map.len() >= REMEMBERED && now_us >= m.next_sweep_us {
+            m.map.retain(|_, (_, until)| *until > now_us);
+            m.next_sweep_us = now_us + 1_000_000;
         }
-        if m.len() < REMEMBERED {
-            m.insert(id, (parts, until_us));
+        if m.map.len() < REMEMBERED {
+            m.map.insert(id, (parts, until_us));
         }
     }
 
+    /// Forget a settled reservation: a settle again reads its description.
+    fn forget(&self, id: ReservationId) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).map.remove(&id);
+    }
+
     fn get(&self, id: ReservationId) -> Option<Arc<[Held]>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).get(&id).map(|(p, _)| p.clone())
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).map.get(&id).map(|(p, _)| p.clone())
     }
 }
 
@@ -351,6 +366,7 @@ impl RedisStore {
             return Err(ReservationError::Conflict { settled });
         }
         let parts = settled.into_iter().map(|p| p.expect("every group answered its parts")).collect();
+        i.reservations.forget(id);
         Ok(Settled { parts, again })
     }
 

@@ -179,7 +179,7 @@ impl From<ReservationError> for ApiError {
             ReservationError::Conflict { .. } => (StatusCode::CONFLICT, "actual"),
             ReservationError::Amounts { .. } => (StatusCode::BAD_REQUEST, "actual"),
             ReservationError::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, ""),
-            ReservationError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, ""),
+            ReservationError::Store(_) | ReservationError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, ""),
         };
         ApiError::new(status, field, e)
     }

@@ -29,7 +29,8 @@
 //! took). Errors: `INVALID_ARGUMENT` (a bad request, id or amounts),
 //! `NOT_FOUND` (unknown reservation), `FAILED_PRECONDITION` (settled
 //! before with other amounts), `UNIMPLEMENTED` (the store keeps no
-//! reservations), `UNAVAILABLE` (the store failed).
+//! reservations), `UNAVAILABLE` (the store failed), `RESOURCE_EXHAUSTED`
+//! (the memory store holds its most reservations).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -294,6 +295,7 @@ fn status(e: &ReservationError) -> Status {
         ReservationError::Amounts { .. } => Status::invalid_argument(format!("actual: {m}")),
         ReservationError::Unsupported(_) => Status::unimplemented(m),
         ReservationError::Store(_) => Status::unavailable(m),
+        ReservationError::Full { .. } => Status::resource_exhausted(m),
     }
 }
 

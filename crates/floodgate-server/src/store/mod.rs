@@ -80,6 +80,10 @@ impl Store for ServerStore {
                 // The region is this process: its reservations are kept
                 // beside the memory store's, decided through the table.
                 let now = s.clock().now_us();
+                if s.book().full(now) {
+                    out.clear();
+                    return Err(ReservationError::Full { max: s.book().max() });
+                }
                 t.apply_all_with(s, checks, now, out);
                 Ok(s.book().keep(checks, out, ttls_us, now))
             }

@@ -29,6 +29,8 @@ use crate::exit::Failure;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const RESERVE_PATH: &str = "/floodgate.budget.v1.Budget/Reserve";
+const SETTLE_PATH: &str = "/floodgate.budget.v1.Budget/Settle";
 
 /// What `floodgate bench` speaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +41,9 @@ pub(super) enum Protocol {
     Json,
     /// `GET` of this path over HTTP/1.1.
     Get(String),
+    /// A reservation over HTTP/2: `floodgate.budget.v1.Budget/Reserve` of
+    /// one hit, then `Settle` of it (one request of the run is both).
+    Budget,
 }
 
 /// What one request got back.
@@ -83,6 +88,8 @@ impl Target {
 pub(super) enum Client {
     /// HTTP/2 connections; request `n` goes on connection `n % len`.
     Grpc { conns: Vec<H2>, uri: Uri },
+    /// HTTP/2 connections for reserves and settles.
+    Budget { conns: Vec<H2>, reserve: Uri, settle: Uri },
     Http {
         pool: Box<Pool<HttpConnector, Full<Bytes>>>,
         uri: Uri,
@@ -102,7 +109,7 @@ impl Client {
         connections: usize,
         in_flight: usize,
     ) -> Result<Client, Failure> {
-        if *protocol != Protocol::Grpc {
+        if !matches!(protocol, Protocol::Grpc | Protocol::Budget) {
             tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&target.authority))
                 .await
                 .map_err(|_| Failure::runtime(format!("cannot connect to {}: timed out", target.authority)))?
@@ -126,6 +133,9 @@ impl Client {
                 reconnecting: Cell::new(false),
             });
         }
+        if *protocol == Protocol::Budget {
+            return Ok(Client::Budget { conns, reserve: target.uri(RESERVE_PATH), settle: target.uri(SETTLE_PATH) });
+        }
         Ok(Client::Grpc { conns, uri: target.uri(RLS_PATH) })
     }
 
@@ -137,6 +147,15 @@ impl Client {
                     return Outcome::Error("no connection".into());
                 };
                 match conn.call(uri, grpc_frame(target, &value)).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => Outcome::Error(e),
+                }
+            }
+            Client::Budget { conns, reserve, settle } => {
+                let Some(conn) = conns.get(n % conns.len().max(1)) else {
+                    return Outcome::Error("no connection".into());
+                };
+                match reserve_and_settle(conn, reserve, settle, target, value).await {
                     Ok(outcome) => outcome,
                     Err(e) => Outcome::Error(e),
                 }
@@ -182,8 +201,58 @@ pub(super) struct H2 {
     reconnecting: Cell<bool>,
 }
 
+/// One reserve of one hit and, when allowed, its settle at one hit.
+async fn reserve_and_settle(
+    conn: &H2,
+    reserve: &Uri,
+    settle: &Uri,
+    target: &Target,
+    value: String,
+) -> Result<Outcome, String> {
+    use floodgate_server::protocol::budget_grpc::{
+        Entry, PbDescriptor, ReserveRequest, ReserveResponse, SettleRequest, SettleResponse,
+    };
+    use prost::Message;
+    let frame = |m: &dyn Fn(&mut Vec<u8>)| {
+        let mut buf = vec![0; 5];
+        m(&mut buf);
+        let len = u32::try_from(buf.len() - 5).unwrap_or(u32::MAX);
+        buf[1..5].copy_from_slice(&len.to_be_bytes());
+        Bytes::from(buf)
+    };
+    let q = ReserveRequest {
+        domain: target.domain.clone(),
+        descriptors: vec![PbDescriptor { entries: vec![Entry { key: target.key.clone(), value }], hits: None }],
+        hits: 1,
+    };
+    let reply = match conn.message(reserve, frame(&|b| q.encode_raw(b))).await? {
+        Ok(m) => ReserveResponse::decode(m).map_err(|e| format!("a reserve reply that does not decode: {e}"))?,
+        Err(shed) => return Ok(shed),
+    };
+    if !reply.allowed {
+        return Ok(Outcome::Denied);
+    }
+    let q = SettleRequest { reservation: reply.reservation, actual: vec![1] };
+    match conn.message(settle, frame(&|b| q.encode_raw(b))).await? {
+        Ok(m) => SettleResponse::decode(m).map_err(|e| format!("a settle reply that does not decode: {e}"))?,
+        Err(shed) => return Ok(shed),
+    };
+    Ok(Outcome::Allowed)
+}
+
 impl H2 {
     async fn call(&self, uri: &Uri, frame: Bytes) -> Result<Outcome, String> {
+        match self.message(uri, frame).await? {
+            Ok(message) => {
+                let code = overall_code(&message).map_err(|e| format!("a reply that does not decode: {e}"))?;
+                Ok(if code == Code::Ok as u64 { Outcome::Allowed } else { Outcome::Denied })
+            }
+            Err(shed) => Ok(shed),
+        }
+    }
+
+    /// One gRPC call: the reply's message, or the outcome of a shed call.
+    async fn message(&self, uri: &Uri, frame: Bytes) -> Result<Result<Bytes, Outcome>, String> {
         let live = self.sender.borrow().as_ref().filter(|s| !s.is_closed()).cloned();
         let mut sender = match live {
             Some(s) => s,
@@ -223,22 +292,23 @@ impl H2 {
                     .and_then(|m| m.to_str().ok())
                     .unwrap_or("");
                 if code == 8 && message.starts_with("overloaded") {
-                    return Ok(Outcome::Shed);
+                    return Ok(Err(Outcome::Shed));
                 }
                 return Err(format!("gRPC status {code}: {message}"));
             }
             None => return Err("a reply without grpc-status".into()),
         }
         let bytes = body.to_bytes();
-        let message = match bytes.get(..5) {
+        match bytes.get(..5) {
             Some(&[0, a, b, c, d]) => {
                 let len = u32::from_be_bytes([a, b, c, d]) as usize;
-                bytes.get(5..5 + len).ok_or("a truncated gRPC message")?
+                if bytes.len() < 5 + len {
+                    return Err("a truncated gRPC message".into());
+                }
+                Ok(Ok(bytes.slice(5..5 + len)))
             }
-            _ => return Err("a reply that is not one uncompressed gRPC message".into()),
-        };
-        let code = overall_code(message).map_err(|e| format!("a reply that does not decode: {e}"))?;
-        Ok(if code == Code::Ok as u64 { Outcome::Allowed } else { Outcome::Denied })
+            _ => Err("a reply that is not one uncompressed gRPC message".into()),
+        }
     }
 }
 
