@@ -260,7 +260,7 @@ impl<P, R: Clone> Reservation<P, R> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     /// The counter key.
-    pub key: String,
+    pub key: std::sync::Arc<str>,
     /// The limit (as it was at the reserve: a reload since does not change
     /// what the reservation took).
     pub limit: crate::Limit,
@@ -272,7 +272,7 @@ pub struct Held {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SettledPart {
     /// The counter key.
-    pub key: String,
+    pub key: std::sync::Arc<str>,
     /// The limit.
     pub limit: crate::Limit,
     /// Which regions share it.
@@ -293,8 +293,9 @@ pub struct SettledPart {
 /// A settle's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
-    /// One per part, in the reserve's order.
-    pub parts: Vec<SettledPart>,
+    /// One per part, in the reserve's order (shared: the record keeps it
+    /// for a settle sent again).
+    pub parts: std::sync::Arc<[SettledPart]>,
     /// This settle repeated an earlier one (nothing was done again).
     pub again: bool,
 }
@@ -356,8 +357,9 @@ pub fn settled(
 
 /// Reservations kept in this process (the memory store's): sharded by id,
 /// each record dropped once [`Reservation::retained_until_us`] has passed
-/// (when met, and by a sweep of its shard each time the shard doubles
-/// since its last sweep), at most [`MAX_RESERVATIONS`] at once.
+/// (when met; and each shard keeps its ids in the order they came, so an
+/// insert drops the ones whose time has passed from the front: no scan),
+/// at most [`MAX_RESERVATIONS`] at once.
 #[derive(Debug)]
 pub struct Ledger<P, R> {
     shards: Box<[Mutex<Records<P, R>>]>,
@@ -377,16 +379,36 @@ pub const MAX_RESERVATIONS: usize = 1 << 20;
 #[derive(Debug)]
 struct Records<P, R> {
     map: HashMap<ReservationId, Reservation<P, R>>,
-    /// Sweep the shard when it holds this many.
-    sweep_at: usize,
+    /// Each record's id with when it may be dropped, in the order they
+    /// came. Not sorted when ttls differ: a record behind a longer-lived
+    /// one waits for it (at most the longest ttl twice).
+    order: std::collections::VecDeque<(u64, ReservationId)>,
 }
 
-const MIN_SWEEP: usize = 1024;
+impl<P, R> Records<P, R> {
+    /// Drop the records at the front whose time has passed at `now_us`;
+    /// how many.
+    fn expire(&mut self, now_us: u64) -> usize {
+        let mut dropped = 0;
+        while let Some(&(until, id)) = self.order.front() {
+            if until > now_us {
+                break;
+            }
+            self.order.pop_front();
+            if self.map.remove(&id).is_some() {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
 
 impl<P, R> Default for Ledger<P, R> {
     fn default() -> Self {
         Ledger {
-            shards: (0..16).map(|_| Mutex::new(Records { map: HashMap::new(), sweep_at: MIN_SWEEP })).collect(),
+            shards: (0..16)
+                .map(|_| Mutex::new(Records { map: HashMap::new(), order: std::collections::VecDeque::new() }))
+                .collect(),
             held: std::sync::atomic::AtomicUsize::new(0),
             next_full_sweep_us: AtomicU64::new(0),
             max: MAX_RESERVATIONS,
@@ -403,14 +425,12 @@ impl<P, R: Clone> Ledger<P, R> {
     /// Keep `r` under a new id at `now_us`.
     pub fn insert(&self, r: Reservation<P, R>, now_us: u64) -> ReservationId {
         let id = ReservationId::new();
+        let until = r.retained_until_us();
         let mut shard = self.shard(id);
-        if shard.map.len() >= shard.sweep_at {
-            let before = shard.map.len();
-            shard.map.retain(|_, r| now_us < r.retained_until_us());
-            self.held.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
-            shard.sweep_at = (shard.map.len() * 2).max(MIN_SWEEP);
-        }
+        let dropped = shard.expire(now_us);
+        self.held.fetch_sub(dropped, Ordering::Relaxed);
         shard.map.insert(id, r);
+        shard.order.push_back((until, id));
         self.held.fetch_add(1, Ordering::Relaxed);
         id
     }
@@ -474,9 +494,7 @@ impl<P, R: Clone> Ledger<P, R> {
             .iter()
             .map(|s| {
                 let mut s = s.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let before = s.map.len();
-                s.map.retain(|_, r| now_us < r.retained_until_us());
-                let dropped = before - s.map.len();
+                let dropped = s.expire(now_us);
                 self.held.fetch_sub(dropped, Ordering::Relaxed);
                 dropped
             })
@@ -521,7 +539,7 @@ impl Book {
             .zip(ttls_us)
             .filter(|((c, r), _)| c.op == crate::Op::Take && r.as_ref().is_ok_and(|d| d.allowed))
             .map(|((c, _), &ttl)| Part {
-                payload: Held { key: c.key.to_owned(), limit: c.limit.clone(), scope: c.scope },
+                payload: Held { key: c.key.into(), limit: c.limit.clone(), scope: c.scope },
                 estimate: c.hits,
                 taken_at_us: now_us,
                 expires_at_us: now_us.saturating_add(ttl),

@@ -235,7 +235,7 @@ impl Metrics {
         let i = match result {
             Ok(s) if s.again => 1,
             Ok(s) => {
-                for p in &s.parts {
+                for p in s.parts.iter() {
                     let (late, returned) = p.adjust.amounts();
                     self.settled_hits[0].fetch_add(late, Relaxed);
                     self.settled_hits[1].fetch_add(returned, Relaxed);

@@ -146,7 +146,7 @@ fn read_part(line: &str) -> Option<Held> {
         Some(("bounded", ppm)) => Scope::Global(SyncMode::Bounded { overshoot_ppm: ppm.parse().ok()? }),
         _ => return None,
     };
-    Some(Held { key: unescape(key), limit, scope })
+    Some(Held { key: unescape(key).into(), limit, scope })
 }
 
 /// The parts a description's text keeps: `<mask>\n` then a line per check
@@ -188,7 +188,7 @@ impl RedisStore {
             checks.iter().map(|c| script::redis_key(&i.config.key_prefix, c.key, c.limit)).collect();
         let lines: Vec<String> = checks
             .iter()
-            .map(|c| describe(&Held { key: c.key.to_owned(), limit: c.limit.clone(), scope: c.scope }))
+            .map(|c| describe(&Held { key: c.key.into(), limit: c.limit.clone(), scope: c.scope }))
             .collect();
         let groups = self.groups(&keys);
         let single = matches!(i.client, Client::Single(_));
@@ -262,7 +262,7 @@ impl RedisStore {
         }
         let parts: Arc<[Held]> = kept
             .iter()
-            .map(|&j| Held { key: checks[j].key.to_owned(), limit: checks[j].limit.clone(), scope: checks[j].scope })
+            .map(|&j| Held { key: checks[j].key.into(), limit: checks[j].limit.clone(), scope: checks[j].scope })
             .collect();
         self.inner.reservations.put(id, parts, now.saturating_add(2 * longest), now);
         Ok(Some(id))

@@ -136,7 +136,7 @@ pub fn settled_response(id: ReservationId, s: &Settled) -> Value {
         .map(|p| {
             let (late, returned) = p.adjust.amounts();
             let mut v = json!({
-                "key": p.key,
+                "key": &*p.key,
                 "algorithm": p.limit.algorithm().kind().as_str(),
                 "limit": p.limit.limit(),
                 "window_ms": ms(p.limit.window()),

@@ -313,7 +313,7 @@ fn settle_response(id: ReservationId, s: &Settled) -> SettleResponse {
                     Err(e) => (0, 0, e.to_string()),
                 };
                 SettledLimit {
-                    key: p.key.clone(),
+                    key: p.key.to_string(),
                     algorithm: p.limit.algorithm().kind().as_str().to_owned(),
                     limit: p.limit.limit(),
                     window_ms: ms(p.limit.window()),
