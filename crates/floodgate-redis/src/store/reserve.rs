@@ -412,7 +412,11 @@ mod tests {
         let parts: Vec<Held> = limits
             .iter()
             .enumerate()
-            .map(|(i, l)| Held { key: format!("3:llm|6:tenant{i}:a\tb\n\\n"), limit: l.clone(), scope: scopes[i % 3] })
+            .map(|(i, l)| Held {
+                key: format!("3:llm|6:tenant{i}:a\tb\n\\n").into(),
+                limit: l.clone(),
+                scope: scopes[i % 3],
+            })
             .collect();
         let mask: String = (0..parts.len()).map(|i| if i == 1 { '0' } else { '1' }).collect();
         let lines: Vec<String> = parts.iter().map(describe).collect();
