@@ -55,6 +55,14 @@ impl Slot {
         Slot { id, own: 0, late: 0, back: 0, acked, comps: Vec::new() }
     }
 
+    /// Give back up to `hits` of this region's own here, never more than
+    /// it took (less what it gave back already); the hits given back.
+    fn give(&mut self, hits: u64) -> u64 {
+        let g = hits.min(self.own.saturating_sub(self.back));
+        self.back += g;
+        g
+    }
+
     /// Every region's hits in the slot: each component's taken less given
     /// back, never below zero.
     pub(crate) fn total(&self) -> u64 {
@@ -487,9 +495,7 @@ impl Entry {
             Shape::Windowed { .. } => {
                 let mut left = hits;
                 for s in self.slots.iter_mut().rev().filter(|s| s.id <= cur) {
-                    let g = left.min(s.own.saturating_sub(s.back));
-                    s.back += g;
-                    left -= g;
+                    left -= s.give(left);
                     if left == 0 {
                         break;
                     }
@@ -512,12 +518,7 @@ impl Entry {
             Some(Shape::Windowed { slot_us, .. }) if self.rule.is_some() => {
                 self.prune(now);
                 match self.slots.binary_search_by_key(&(at / slot_us), |s| s.id) {
-                    Ok(i) => {
-                        let s = &mut self.slots[i];
-                        let g = hits.min(s.own.saturating_sub(s.back));
-                        s.back += g;
-                        g
-                    }
+                    Ok(i) => self.slots[i].give(hits),
                     Err(_) => 0,
                 }
             }

@@ -270,14 +270,7 @@ impl GlobalTable {
         hits: u64,
         now: u64,
     ) -> Result<(Decision, u64), StoreError> {
-        let peers = self.links.len();
-        self.with_entry(key, limit, mode, now, |entry, caps| {
-            let given = entry.give_back(now, hits, peers);
-            if given > 0 {
-                self.queue_for_peers(entry, || OwnedKey::new(key));
-            }
-            (entry.decide(limit, now, 0, true, peers, caps, &self.incarnations).0, given)
-        })
+        self.give_back_as(key, limit, mode, now, |entry, peers| entry.give_back(now, hits, peers))
     }
 
     /// Give back `hits` of `key` taken at `taken_at` as if never taken (a
@@ -293,9 +286,22 @@ impl GlobalTable {
         taken_at: u64,
         now: u64,
     ) -> Result<(Decision, u64), StoreError> {
+        self.give_back_as(key, limit, mode, now, |entry, peers| entry.return_at(taken_at, now, hits, peers))
+    }
+
+    /// Give back as `give` does to `key`'s entry (the hits given back),
+    /// queue them for the peers, and answer as a peek afterwards.
+    fn give_back_as(
+        &self,
+        key: &str,
+        limit: &Limit,
+        mode: SyncMode,
+        now: u64,
+        give: impl FnOnce(&mut Entry, usize) -> u64,
+    ) -> Result<(Decision, u64), StoreError> {
         let peers = self.links.len();
         self.with_entry(key, limit, mode, now, |entry, caps| {
-            let given = entry.return_at(taken_at, now, hits, peers);
+            let given = give(entry, peers);
             if given > 0 {
                 self.queue_for_peers(entry, || OwnedKey::new(key));
             }
