@@ -195,11 +195,7 @@ impl RedisStore {
         let dkey = description_key(&i.config.key_prefix, id);
         let replies = {
             let calls = groups.iter().map(|g| {
-                let ks: Vec<String> = g.iter().map(|&j| keys[j].clone()).collect();
-                let args: Vec<CheckArgs> = g
-                    .iter()
-                    .map(|&j| CheckArgs::of(&checks[j], Op::Apply).with_global(self.global_args(&checks[j], None)))
-                    .collect();
+                let (ks, args) = self.group_args(g, &keys, checks);
                 let ttls: Vec<String> = g.iter().map(|&j| ttls_us.get(j).copied().unwrap_or(0).to_string()).collect();
                 let desc = if single { lines.join("\n") } else { String::new() };
                 let refs: Vec<&Check<'_>> = g.iter().map(|&j| &checks[j]).collect();
@@ -308,11 +304,7 @@ impl RedisStore {
             .collect();
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|g| {
-            let ks: Vec<String> = g.iter().map(|&j| keys[j].clone()).collect();
-            let args: Vec<CheckArgs> = g
-                .iter()
-                .map(|&j| CheckArgs::of(&checks[j], Op::Apply).with_global(self.global_args(&checks[j], None)))
-                .collect();
+            let (ks, args) = self.group_args(g, &keys, &checks);
             let rid = &rid;
             async move { self.run_named(&ks, &args, "settle", &[rid.as_str()], None).await }
         });
@@ -368,6 +360,17 @@ impl RedisStore {
         let parts = settled.into_iter().map(|p| p.expect("every group answered its parts")).collect();
         i.reservations.forget(id);
         Ok(Settled { parts, again })
+    }
+
+    /// The keys and script arguments of one slot's checks (`g`: their
+    /// positions).
+    fn group_args(&self, g: &[usize], keys: &[String], checks: &[Check<'_>]) -> (Vec<String>, Vec<CheckArgs>) {
+        g.iter()
+            .map(|&j| {
+                let args = CheckArgs::of(&checks[j], Op::Apply).with_global(self.global_args(&checks[j], None));
+                (keys[j].clone(), args)
+            })
+            .unzip()
     }
 
     /// One script call of operation `name` for one slot's checks.
