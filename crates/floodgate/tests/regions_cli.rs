@@ -316,6 +316,30 @@ fn three_regions_share_global_limits_over_a_wan() {
     eventually("every region counts 95 of u1 after the refunds", || {
         (0..3).all(|i| world.remaining(i, "user", "u1") == 905)
     });
+    // Reservations too (user r1): the memory region (a) reserves 30 and
+    // settles at 12 (18 given back as never taken); the Redis region (b)
+    // reserves 20 through one instance and settles at 25 through the other
+    // (5 charged late). Every region then counts 12 + 25 = 37.
+    let reserve = |addr: &str, hits: u64| {
+        let body = format!(r#"{{"domain": "g", "descriptors": [{{"user": "r1"}}], "hits": {hits}}}"#);
+        let (code, text) = http(addr, "POST", "/v1/reserve", &body);
+        assert_eq!(code, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["reservation"].as_str().unwrap_or_else(|| panic!("no reservation: {text}")).to_owned()
+    };
+    let settle = |addr: &str, id: &str, actual: u64| {
+        let (code, text) =
+            http(addr, "POST", "/v1/settle", &format!(r#"{{"reservation": "{id}", "actual": {actual}}}"#));
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let id = reserve(&world.regions[0].http, 30);
+    assert_eq!(settle(&world.regions[0].http, &id, 12)["limits"][0]["returned"], 18);
+    let id = reserve(&world.regions[1].http, 20);
+    assert_eq!(settle(&b2, &id, 25)["limits"][0]["charged_late"], 5);
+    eventually("every region counts 37 of r1 after the reservations", || {
+        (0..3).all(|i| world.remaining(i, "user", "r1") == 963)
+    });
 
     // 3. A small limit, flooded: it is reached everywhere.
     std::thread::scope(|s| {
