@@ -169,10 +169,21 @@ impl<P> Part<P> {
 /// A reservation: its parts, and its settle once made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation<P, R> {
-    /// One per limit the reserve took from, in the request's order.
+    /// One per limit the reserve took from, in the request's order (none
+    /// once settled: the answer says all a settle sent again needs).
     pub parts: Vec<Part<P>>,
     /// The amounts it was settled at (one per part), and the answer given.
     pub settled: Option<(Vec<u64>, R)>,
+    /// When the record may be dropped: when every part's may.
+    retain_until_us: u64,
+}
+
+impl<P, R> Reservation<P, R> {
+    /// A reservation of `parts`, not settled.
+    pub fn new(parts: Vec<Part<P>>) -> Self {
+        let retain_until_us = parts.iter().map(Part::retained_until_us).max().unwrap_or(0);
+        Reservation { parts, settled: None, retain_until_us }
+    }
 }
 
 /// Why a settle cannot be made.
@@ -228,10 +239,11 @@ impl<P, R: Clone> Reservation<P, R> {
     /// The amounts per part for `actual`: one amount for every part, or one
     /// per part.
     pub fn amounts(&self, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
+        let parts = self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len());
         match actual {
-            [one] => Ok(vec![*one; self.parts.len()]),
-            many if many.len() == self.parts.len() => Ok(many.to_vec()),
-            many => Err(ReservationError::Amounts { parts: self.parts.len(), given: many.len() }),
+            [one] => Ok(vec![*one; parts]),
+            many if many.len() == parts => Ok(many.to_vec()),
+            many => Err(ReservationError::Amounts { parts, given: many.len() }),
         }
     }
 
@@ -252,7 +264,7 @@ impl<P, R: Clone> Reservation<P, R> {
 
     /// When the record may be dropped: when every part's may.
     pub fn retained_until_us(&self) -> u64 {
-        self.parts.iter().map(Part::retained_until_us).max().unwrap_or(0)
+        self.retain_until_us
     }
 }
 
@@ -483,6 +495,7 @@ impl<P, R: Clone> Ledger<P, R> {
                 let amounts = r.amounts(actual)?;
                 let answer = apply(&r.parts, &amounts, &adjust);
                 r.settled = Some((amounts, answer.clone()));
+                r.parts = Vec::new();
                 Ok((answer, false))
             }
         }
@@ -548,7 +561,7 @@ impl Book {
         if parts.is_empty() {
             return None;
         }
-        Some(self.insert(Reservation { parts, settled: None }, now_us))
+        Some(self.insert(Reservation::new(parts), now_us))
     }
 
     /// Settle `id` at `actual` at `now_us`, `apply` deciding the
@@ -578,13 +591,12 @@ mod tests {
     const S: u64 = 1_000_000;
 
     fn reservation(estimates: &[u64]) -> Reservation<&'static str, String> {
-        Reservation {
-            parts: estimates
+        Reservation::new(
+            estimates
                 .iter()
                 .map(|&e| Part { payload: "k", estimate: e, taken_at_us: 0, expires_at_us: 300 * S })
                 .collect(),
-            settled: None,
-        }
+        )
     }
 
     #[test]
