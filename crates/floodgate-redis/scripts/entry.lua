@@ -45,29 +45,29 @@
 -- "refund" gives the hits back (a request whose other limits, in another
 -- slot, denied it) and returns, per request: now.
 --
--- Reservations (floodgate_core::reservation), one request per call:
--- "reserve": ARGV[2] the reservation id, ARGV[3] each check's ttl (us,
--- space-separated), ARGV[4] the reservation's description for a settle
--- through another instance ('' for none; else the last of KEYS is where
--- it goes, kept as "<mask>\n<description>", mask: 1 per check kept, else
--- 0). Decides as "apply"; when the request is allowed, each check that
--- allowed keeps its part beside its counter, KEYS[i]:r:<id> =
--- "<estimate> <taken at> <expires at>", for twice its ttl. Answers as
--- "apply".
--- "settle": ARGV[2] the id; the request's checks are the parts, in order,
--- with hits the actual amount. Every part unsettled: each is charged its
--- excess late (as flag 4), or given back what it did not use as if never
--- taken (a return, when not expired), then recorded as settled
--- ("=<actual> <late> <returned> <expired> <remaining> <reset>"). Every
--- part settled at the same amounts: their records answer again, nothing
--- is done. Returns now, then 0 and per part: again (1/0), late, returned,
--- expired (1/0), remaining, reset (us); or 2 (a part unknown); or 3 and
--- each part's settled amount (another amount: a conflict). All of a
--- call's parts or none.
+-- Reservations (floodgate_core::reservation): a request's `now` may carry
+-- a mode, so reserves and settles go in the batches with decisions:
+--   "r<now>|<id>|<ttl us of each check, space-separated>|<description>":
+--     a reserve. Decided as any request; when allowed, each check that
+--     allowed keeps its part beside its counter, KEYS[i]:r:<id> =
+--     "<estimate> <taken at> <expires at>", for twice its ttl. A non-empty
+--     description (for a settle through another instance) goes to one more
+--     key after the request's, as "<mask>\n<description>" (mask: 1 per
+--     check kept, else 0). Answered as any request.
+--   "s<now>|<id>": a settle; the checks are the parts, in order, with hits
+--     the actual amount. Every part unsettled: each is charged its excess
+--     late (as flag 4), or given back what it did not use as if never
+--     taken (a return, unless expired), then recorded as settled
+--     ("=<actual> <late> <returned> <expired> <remaining> <reset>"). Every
+--     part settled at the same amounts: the records answer again, nothing
+--     is done. Answered: now, then 0 and per part: flags (1 again, 2
+--     expired), late, returned, remaining, reset (us); or 2 and zeros (a
+--     part unknown); or 3 and per part its settled amount then zeros
+--     (settled at another amount: a conflict). All of a request's parts or
+--     none.
 
 local op = ARGV[1]
 local refunding = op == 'refund'
-local reserving, settling = op == 'reserve', op == 'settle'
 if op == 'merge' or op == 'read' or op == 'ack' then
   local now
   if ARGV[2] == '' then
@@ -82,18 +82,9 @@ if op == 'merge' or op == 'read' or op == 'ack' then
   flush()
   return out
 end
-if not refunding and op ~= 'apply' and not reserving and not settling then
-  return redis.error_reply('floodgate: ARGV[1] must be apply, refund, reserve, settle, merge, read or ack, not ' .. tostring(op))
+if not refunding and op ~= 'apply' then
+  return redis.error_reply('floodgate: ARGV[1] must be apply, refund, merge, read or ack, not ' .. tostring(op))
 end
--- Where the requests' arguments start, and the reservation's header.
-local first, rid, rttls, rdesc = 2, nil, nil, ''
-if reserving then
-  first, rid, rttls, rdesc = 5, ARGV[2], ARGV[3], ARGV[4]
-elseif settling then
-  first, rid = 3, ARGV[2]
-end
-local extra_keys = 0
-if rdesc ~= '' then extra_keys = 1 end
 
 local STRIDE = 8
 
@@ -113,9 +104,33 @@ end
 
 -- Check the shape of the whole batch before changing anything, and list
 -- its string-state keys (algorithms marked `string`) to read in one MGET.
-local a, k = first, 0
+-- A request's `now` argument: its time ('' for TIME) and its mode: nil, or
+-- { 'r', id, ttls, description } or { 's', id }; nil, nil when malformed.
+local function header(h)
+  local c = string.byte(h, 1)
+  if c == 114 then
+    local t, id, ttls, desc = string.match(h, '^r(%d*)|(%x+)|([%d ]*)|(.*)$')
+    if not t then return nil, nil end
+    return t, { 'r', id, ttls, desc }
+  elseif c == 115 then
+    local t, id = string.match(h, '^s(%d*)|(%x+)$')
+    if not t then return nil, nil end
+    return t, { 's', id }
+  end
+  return h, nil
+end
+
+-- Keys a request has beyond its checks' (a reserve's description).
+local function extra(mode)
+  if mode and mode[1] == 'r' and mode[4] ~= '' then return 1 end
+  return 0
+end
+
+local a, k = 2, 0
 local fetch, listed = {}, {}
 while a <= #ARGV do
+  local t, mode = header(ARGV[a])
+  if not t then return bad('bad request header at ARGV[' .. a .. ']') end
   local n = tonumber(ARGV[a + 1])
   if not n or n < 1 then return bad('bad check count ' .. tostring(ARGV[a + 1]) .. ' at ARGV[' .. (a + 1) .. ']') end
   for i = 0, n - 1 do
@@ -134,12 +149,9 @@ while a <= #ARGV do
       fetch[#fetch + 1] = x
     end
   end
-  a, k = a + 2 + STRIDE * n, k + n
+  a, k = a + 2 + STRIDE * n, k + n + extra(mode)
 end
-if (reserving or settling) and a ~= first + 2 + STRIDE * tonumber(ARGV[first + 1]) then
-  return bad('a reserve or a settle is one request')
-end
-if a ~= #ARGV + 1 or k + extra_keys ~= #KEYS then
+if a ~= #ARGV + 1 or k ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
 end
 prefetch(fetch)
@@ -206,18 +218,21 @@ local function charged(alg, key, l, w, p, hits, now, after)
   return allowed, remaining, reset, retry, delay
 end
 
--- A settle: each part's record read, and its check made the adjustment.
-local parts = nil
-if settling then
-  local n = tonumber(ARGV[first + 1])
-  local now = tonumber(ARGV[first]) or time_now()
-  parts = {}
+local out, o = {}, 0
+
+-- A settle's parts (the request's checks from ARGV[a], keys after k): each
+-- record read, and its check made the adjustment (hits and flag). Returns
+-- the parts, and nil, or 2 (a part unknown) or 3 (settled at another
+-- amount), nothing changed. A part: { again (1/0), late, returned, expired
+-- (1/0), remaining, reset, actual }.
+local function settle_prepare(a, k, n, rid, now)
+  local parts = {}
   local settled, conflict = 0, false
   for i = 1, n do
-    local b = first + 2 + STRIDE * (i - 1)
+    local b = a + 2 + STRIDE * (i - 1)
     local actual = tonumber(ARGV[b + 4])
-    local rec = redis.call('GET', KEYS[i] .. ':r:' .. rid)
-    if not rec then return { now, 2 } end
+    local rec = redis.call('GET', KEYS[k + i] .. ':r:' .. rid)
+    if not rec then return parts, 2 end
     local amt, late, back, exp, rem, reset = string.match(rec, '^=(%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$')
     if amt then
       settled = settled + 1
@@ -226,7 +241,7 @@ if settling then
       ARGV[b + 4], ARGV[b + 5] = 0, 0
     else
       local est, at, til = string.match(rec, '^(%d+) (%d+) (%d+)$')
-      if not est then return bad('a malformed reservation record at ' .. KEYS[i] .. ':r:' .. rid) end
+      if not est then return parts, 2 end
       est, at, til = tonumber(est), tonumber(at), tonumber(til)
       local expired = 0
       if now >= til then expired = 1 end
@@ -243,29 +258,76 @@ if settling then
       parts[i] = { 0, late, back, expired, 0, 0, actual }
     end
   end
-  if conflict or (settled > 0 and settled < n) then
-    local r = { now, 3 }
-    for i = 1, n do r[#r + 1] = parts[i][7] end
-    return r
+  if conflict or (settled > 0 and settled < n) then return parts, 3 end
+  return parts, nil
+end
+
+-- An allowed reserve (checks from ARGV[a], keys after k, answers after
+-- out[head]): each check that allowed keeps its part; the description
+-- goes to the request's extra key.
+local function reserve_keep(a, k, n, mode, head, now)
+  local ttls, mask, longest = {}, {}, 0
+  for t in string.gmatch(mode[3], '%d+') do ttls[#ttls + 1] = tonumber(t) end
+  for i = 1, n do
+    mask[i] = '0'
+    if out[head + 1 + 5 * (i - 1)] == 1 then
+      local ttl = ttls[i] or 300000000
+      local hits = tonumber(ARGV[a + 2 + STRIDE * (i - 1) + 4])
+      redis.call('SET', KEYS[k + i] .. ':r:' .. mode[2], int(hits) .. ' ' .. int(now) .. ' ' .. int(now + ttl),
+        'PX', int(math.floor(2 * ttl / 1000) + TTL_SLACK_MS))
+      mask[i] = '1'
+      longest = math.max(longest, ttl)
+    end
+  end
+  if mode[4] ~= '' then
+    redis.call('SET', KEYS[k + n + 1], table.concat(mask) .. '\n' .. mode[4],
+      'PX', int(math.floor(2 * longest / 1000) + TTL_SLACK_MS))
   end
 end
 
-local out, o = {}, 0
+-- A settle decided (its answers after out[head]): each part recorded as
+-- settled, and the answers rewritten as a settle's.
+local function settle_record(k, rid, parts, head)
+  for i, p in ipairs(parts) do
+    local at = head + 1 + 5 * (i - 1)
+    if p[1] == 0 then
+      p[5], p[6] = out[at + 1], out[at + 2]
+      redis.call('SET', KEYS[k + i] .. ':r:' .. rid, '=' .. int(p[7]) .. ' ' .. int(p[2]) .. ' ' .. int(p[3]) .. ' '
+        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]), 'KEEPTTL')
+    end
+    out[at], out[at + 1], out[at + 2], out[at + 3], out[at + 4] = p[1] + 2 * p[4], p[2], p[3], p[5], p[6]
+  end
+  out[head] = 0
+end
+
 local allowed_at = {}
-a, k = first, 0
+a, k = 2, 0
 while a <= #ARGV do
   local now
-  if ARGV[a] == '' then
+  local t, mode = header(ARGV[a])
+  if t == '' then
     now = time_now()
     TTL_SLACK_MS = 2
   else
-    now = tonumber(ARGV[a])
+    now = tonumber(t)
     TTL_SLACK_MS = 3600000
   end
   local n = tonumber(ARGV[a + 1])
   o = o + 1
   out[o] = now
-  if refunding then
+  local parts, refused = nil, nil
+  if mode and mode[1] == 's' then parts, refused = settle_prepare(a, k, n, mode[2], now) end
+  if refused then
+    -- A settle of an unknown reservation, or at other amounts: nothing done.
+    o = o + 1
+    out[o] = refused
+    for i = 1, n do
+      local amount = 0
+      if refused == 3 and parts[i] then amount = parts[i][7] end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = amount, 0, 0, 0, 0
+      o = o + 5
+    end
+  elseif refunding then
     for i = 1, n do
       local alg, l, w, p, hits, at = check(a, i)
       local spec, _, code = scope(a, i)
@@ -363,40 +425,10 @@ while a <= #ARGV do
         end
       end
     end
+    if mode and mode[1] == 'r' and not denied then reserve_keep(a, k, n, mode, head, now) end
+    if parts then settle_record(k, mode[2], parts, head) end
   end
-  a, k = a + 2 + STRIDE * n, k + n
+  a, k = a + 2 + STRIDE * n, k + n + extra(mode)
 end
 flush()
-if reserving and out[2] == 0 then
-  -- Allowed: keep each part that took (allowed), beside its counter.
-  local n, now = tonumber(ARGV[first + 1]), out[1]
-  local ttls, mask, longest = {}, {}, 0
-  for t in string.gmatch(rttls, '%d+') do ttls[#ttls + 1] = tonumber(t) end
-  for i = 1, n do
-    mask[i] = '0'
-    if out[3 + 5 * (i - 1)] == 1 then
-      local ttl = ttls[i] or 300000000
-      local hits = tonumber(ARGV[first + 2 + STRIDE * (i - 1) + 4])
-      redis.call('SET', KEYS[i] .. ':r:' .. rid, int(hits) .. ' ' .. int(now) .. ' ' .. int(now + ttl),
-        'PX', int(math.floor(2 * ttl / 1000) + TTL_SLACK_MS))
-      mask[i] = '1'
-      longest = math.max(longest, ttl)
-    end
-  end
-  if rdesc ~= '' then
-    redis.call('SET', KEYS[#KEYS], table.concat(mask) .. '\n' .. rdesc,
-      'PX', int(math.floor(2 * longest / 1000) + TTL_SLACK_MS))
-  end
-elseif settling then
-  local r = { out[1], 0 }
-  for i, p in ipairs(parts) do
-    if p[1] == 0 then
-      p[5], p[6] = out[2 + 5 * (i - 1) + 2], out[2 + 5 * (i - 1) + 3]
-      redis.call('SET', KEYS[i] .. ':r:' .. rid, '=' .. int(p[7]) .. ' ' .. int(p[2]) .. ' ' .. int(p[3]) .. ' '
-        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]), 'KEEPTTL')
-    end
-    for j = 1, 6 do r[#r + 1] = p[j] end
-  end
-  return r
-end
 return out

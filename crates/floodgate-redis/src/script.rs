@@ -219,48 +219,33 @@ impl CheckArgs {
 }
 
 /// One request of a call: its time (`None`: the server's `TIME`), its
-/// counter keys, and its checks' arguments (as many as keys).
-pub(crate) type Request<'a> = (Option<u64>, &'a [String], &'a [CheckArgs]);
+/// counter keys (a reserve's description key after them), its checks'
+/// arguments, and a reserve's or a settle's header in place of its time
+/// (`entry.lua`, "Reservations").
+pub(crate) type Request<'a> = (Option<u64>, &'a [String], &'a [CheckArgs], Option<&'a str>);
 
 /// An `EVALSHA` (or, with `eval`, `EVAL`) of the script deciding
 /// `requests` in order (see `entry.lua`).
 pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cmd {
-    let name = match op {
-        Op::Apply => "apply",
-        Op::Refund(_) => "refund",
-    };
-    command_named(eval, requests, name, &[], None)
-}
-
-/// An `EVALSHA` (or `EVAL`) of the script's operation `name` with its
-/// `header` arguments, deciding `requests` (`extra_key`: a key after
-/// theirs, which the operation names in its header).
-pub(crate) fn command_named(
-    eval: bool,
-    requests: &[Request<'_>],
-    name: &str,
-    header: &[&str],
-    extra_key: Option<&str>,
-) -> redis::Cmd {
     let mut cmd = redis::cmd(if eval { "EVAL" } else { "EVALSHA" });
     if eval {
         cmd.arg(SOURCE.as_str());
     } else {
         cmd.arg(SHA.as_str());
     }
-    cmd.arg(requests.iter().map(|r| r.1.len()).sum::<usize>() + usize::from(extra_key.is_some()));
-    for (_, keys, _) in requests {
+    cmd.arg(requests.iter().map(|r| r.1.len()).sum::<usize>());
+    for (_, keys, _, _) in requests {
         cmd.arg(*keys);
     }
-    if let Some(k) = extra_key {
-        cmd.arg(k);
-    }
-    cmd.arg(name);
-    cmd.arg(header);
-    for (now, _, checks) in requests {
-        match now {
-            Some(now) => cmd.arg(*now),
-            None => cmd.arg(""),
+    cmd.arg(match op {
+        Op::Apply => "apply",
+        Op::Refund(_) => "refund",
+    });
+    for (now, _, checks, head) in requests {
+        match (head, now) {
+            (Some(head), _) => cmd.arg(*head),
+            (None, Some(now)) => cmd.arg(*now),
+            (None, None) => cmd.arg(""),
         };
         cmd.arg(checks.len());
         for c in *checks {

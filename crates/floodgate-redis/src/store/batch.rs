@@ -40,7 +40,7 @@ impl RedisStore {
     ) -> Result<Reply, CallError> {
         let args: Vec<CheckArgs> =
             checks.iter().map(|c| CheckArgs::of(c, op).with_global(self.global_args(c, now))).collect();
-        let values = self.run(&[(now, keys, &args)], op, true, None, &self.inner.conn).await?;
+        let values = self.run(&[(now, keys, &args, None)], op, true, None, &self.inner.conn).await?;
         if let Op::Refund(_) = op {
             return Ok(Reply {
                 now_us: values.first().copied().unwrap_or(0).max(0) as u64,
@@ -62,19 +62,34 @@ impl RedisStore {
         checks: &[&Check<'_>],
         now: Option<u64>,
     ) -> (Vec<String>, Result<Reply, CallError>) {
+        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c, now))).collect();
+        match self.queued_raw(keys, args, now, None).await {
+            (keys, Ok(values)) => {
+                let reply = script::reply(&values, checks).map_err(|e| CallError::Reply(e.0));
+                (keys, reply)
+            }
+            (keys, Err(e)) => (keys, Err(e)),
+        }
+    }
+
+    /// One request through the batch queue (one server): its reply's
+    /// values, with its keys given back. `head`: a reserve's or a settle's
+    /// header (`script::Request`).
+    pub(super) async fn queued_raw(
+        &self,
+        keys: Vec<String>,
+        args: Vec<CheckArgs>,
+        now: Option<u64>,
+        head: Option<String>,
+    ) -> (Vec<String>, Result<Vec<i64>, CallError>) {
         if !self.permit() {
             return (keys, Err(CallError::Open));
         }
         let (tx, rx) = oneshot::channel();
-        let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c, now))).collect();
         let deadline = tokio::time::Instant::now() + self.inner.config.timeout;
-        self.enqueue(Queued { now, keys, args, deadline, reply: tx });
+        self.enqueue(Queued { now, keys, args, head, deadline, reply: tx });
         match rx.await {
-            Ok((keys, Ok(values))) => {
-                let reply = script::reply(&values, checks).map_err(|e| CallError::Reply(e.0));
-                (keys, reply)
-            }
-            Ok((keys, Err(e))) => (keys, Err(e)),
+            Ok(reply) => reply,
             // The batching task's runtime shut down.
             Err(_) => (Vec::new(), Err(CallError::Reply("the request was dropped unsent".to_owned()))),
         }
@@ -114,12 +129,13 @@ impl RedisStore {
 
     /// Send one batch and hand each request its part of the reply.
     pub(super) async fn send_batch(&self, batch: Vec<Queued>, slot: &ConnSlot) {
-        let requests: Vec<script::Request<'_>> = batch.iter().map(|q| (q.now, &q.keys[..], &q.args[..])).collect();
+        let requests: Vec<script::Request<'_>> =
+            batch.iter().map(|q| (q.now, &q.keys[..], &q.args[..], q.head.as_deref())).collect();
         let deadline = batch.iter().map(|q| q.deadline).min();
         let result = self.run(&requests, Op::Apply, false, deadline, slot).await;
         drop(requests);
         let parts = result.and_then(|values| {
-            let parts = script::split(&values, batch.iter().map(|q| q.keys.len()), Op::Apply)
+            let parts = script::split(&values, batch.iter().map(|q| q.args.len()), Op::Apply)
                 .map_err(|e| CallError::Reply(e.0))?;
             Ok(parts.into_iter().map(<[i64]>::to_vec).collect::<Vec<_>>())
         });
@@ -327,6 +343,7 @@ pub(super) struct Queued {
     now: Option<u64>,
     keys: Vec<String>,
     args: Vec<CheckArgs>,
+    head: Option<String>,
     deadline: tokio::time::Instant,
     reply: oneshot::Sender<BatchReply>,
 }

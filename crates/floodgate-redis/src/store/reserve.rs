@@ -165,9 +165,10 @@ fn description_key(prefix: &str, id: ReservationId) -> String {
     format!("{prefix}r:{id}")
 }
 
-/// Values per part in a settle's reply: again, late, returned, expired,
-/// remaining, reset.
-const SETTLE_STRIDE: usize = 6;
+/// Values per part in a settle's reply: flags (1 again, 2 expired), late,
+/// returned, remaining, reset (`entry.lua`); a conflict's: the amount
+/// settled, then zeros.
+const SETTLE_STRIDE: usize = 5;
 
 impl RedisStore {
     /// See [`floodgate_core::Store::reserve`].
@@ -201,10 +202,12 @@ impl RedisStore {
                 let refs: Vec<&Check<'_>> = g.iter().map(|&j| &checks[j]).collect();
                 let (rid, dkey) = (&rid, &dkey);
                 async move {
-                    let ttls = ttls.join(" ");
-                    let header = [rid.as_str(), ttls.as_str(), desc.as_str()];
-                    let extra = (!desc.is_empty()).then_some(dkey.as_str());
-                    let values = self.run_named(&ks, &args, "reserve", &header, extra).await?;
+                    let mut ks = ks;
+                    if !desc.is_empty() {
+                        ks.push(dkey.clone());
+                    }
+                    let head = format!("r|{rid}|{}|{desc}", ttls.join(" "));
+                    let values = self.run_reservation(ks, args, head).await?;
                     script::reply(&values, &refs).map_err(|e| StoreError::Unavailable(e.0))
                 }
             });
@@ -305,8 +308,8 @@ impl RedisStore {
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|g| {
             let (ks, args) = self.group_args(g, &keys, &checks);
-            let rid = &rid;
-            async move { self.run_named(&ks, &args, "settle", &[rid.as_str()], None).await }
+            let head = format!("s|{rid}");
+            async move { self.run_reservation(ks, args, head).await }
         });
         let replies = super::join_all(calls.collect()).await;
         let mut settled: Vec<Option<SettledPart>> = vec![None; parts.len()];
@@ -315,12 +318,15 @@ impl RedisStore {
         for (g, r) in groups.iter().zip(replies) {
             let values = r?;
             let bad = || StoreError::Unavailable(format!("the settle script answered {values:?}"));
-            match values.get(1) {
-                Some(0) if values.len() == 2 + SETTLE_STRIDE * g.len() => {
+            if values.len() != 2 + SETTLE_STRIDE * g.len() {
+                return Err(bad().into());
+            }
+            match values[1] {
+                0 => {
                     for (&j, v) in g.iter().zip(values[2..].chunks_exact(SETTLE_STRIDE)) {
                         let n = |x: i64| u64::try_from(x).unwrap_or(0);
                         let (late, returned) = (n(v[1]), n(v[2]));
-                        again &= v[0] == 1;
+                        again &= v[0] & 1 == 1;
                         let adjust = match (late, returned) {
                             (0, 0) => Adjust::Nothing,
                             (l, 0) => Adjust::Late(l),
@@ -333,22 +339,22 @@ impl RedisStore {
                             estimate: (amounts[j] + returned).saturating_sub(late),
                             actual: amounts[j],
                             adjust,
-                            expired: v[3] == 1,
+                            expired: v[0] & 2 == 2,
                             decision: Ok(Decision {
                                 allowed: true,
                                 limit: parts[j].limit.limit(),
-                                remaining: n(v[4]),
-                                reset_after: Duration::from_micros(n(v[5])),
+                                remaining: n(v[3]),
+                                reset_after: Duration::from_micros(n(v[4])),
                                 ..Decision::default()
                             }),
                         });
                     }
                 }
-                Some(2) => return Err(ReservationError::Unknown),
-                Some(3) if values.len() == 2 + g.len() => {
+                2 => return Err(ReservationError::Unknown),
+                3 => {
                     let c = conflict.get_or_insert_with(|| amounts.clone());
-                    for (&j, &v) in g.iter().zip(&values[2..]) {
-                        c[j] = u64::try_from(v).unwrap_or(0);
+                    for (&j, v) in g.iter().zip(values[2..].chunks_exact(SETTLE_STRIDE)) {
+                        c[j] = u64::try_from(v[0]).unwrap_or(0);
                     }
                 }
                 _ => return Err(bad().into()),
@@ -373,21 +379,22 @@ impl RedisStore {
             .unzip()
     }
 
-    /// One script call of operation `name` for one slot's checks.
-    async fn run_named(
+    /// One reserve or settle request of one slot's checks, with its
+    /// header (`head`: "r|…" or "s|…", the time Redis's): on one server
+    /// through the batch queue, with the decisions of the moment; on a
+    /// cluster, a call of its own.
+    async fn run_reservation(
         &self,
-        keys: &[String],
-        args: &[CheckArgs],
-        name: &str,
-        header: &[&str],
-        extra_key: Option<&str>,
+        keys: Vec<String>,
+        args: Vec<CheckArgs>,
+        head: String,
     ) -> Result<Vec<i64>, StoreError> {
-        let requests = [(None, keys, args)];
-        let cmd = script::command_named(false, &requests, name, header, extra_key);
-        let eval = || script::command_named(true, &requests, name, header, extra_key);
-        let v = self.one_via(&cmd, Some(&eval), Via::Decisions).await?;
-        redis::FromRedisValue::from_redis_value(v)
-            .map_err(|e| StoreError::Unavailable(format!("the script answered something else: {e}")))
+        let t = self.inner.config.timeout;
+        if matches!(self.inner.client, Client::Single(_)) {
+            return self.queued_raw(keys, args, None, Some(head)).await.1.map_err(|e| e.store_error(t));
+        }
+        let requests = [(None, &keys[..], &args[..], Some(head.as_str()))];
+        self.run(&requests, Op::Apply, true, None, &self.inner.conn).await.map_err(|e| e.store_error(t))
     }
 }
 
