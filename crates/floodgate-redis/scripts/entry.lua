@@ -47,10 +47,11 @@
 --
 -- Reservations (floodgate_core::reservation): a request's `now` may carry
 -- a mode, so reserves and settles go in the batches with decisions:
---   "r<now>|<id>|<ttl us of each check, space-separated>|<description>":
---     a reserve. Decided as any request; when allowed, each check that
+--   "r<now>|<id>|<kept us> <ttl us of each check>|<description>": a
+--     reserve. Decided as any request; when allowed, each check that
 --     allowed keeps its part beside its counter, KEYS[i]:r:<id> =
---     "<estimate> <taken at> <expires at>", for twice its ttl. A non-empty
+--     "<estimate> <taken at> <expires at> <kept until>" (kept: how long
+--     the reservation's record lasts, whatever Redis's clock). A non-empty
 --     description (for a settle through another instance) goes to one more
 --     key after the request's, as "<mask>\n<description>" (mask: 1 per
 --     check kept, else 0). Answered as any request.
@@ -58,7 +59,8 @@
 --     the actual amount. Every part unsettled: each is charged its excess
 --     late (as flag 4), or given back what it did not use as if never
 --     taken (a return, unless expired), then recorded as settled
---     ("=<actual> <late> <returned> <expired> <remaining> <reset>"). Every
+--     ("=<actual> <late> <returned> <expired> <remaining> <reset> <kept
+--     until>"); a record kept past its time is unknown. Every
 --     part settled at the same amounts: the records answer again, nothing
 --     is done. Answered: now, then 0 and per part: flags (1 again, 2
 --     expired), late, returned, remaining, reset (us); or 2 and zeros (a
@@ -233,15 +235,19 @@ local function settle_prepare(a, k, n, rid, now)
     local actual = tonumber(ARGV[b + 4])
     local rec = redis.call('GET', KEYS[k + i] .. ':r:' .. rid)
     if not rec then return parts, 2 end
-    local amt, late, back, exp, rem, reset = string.match(rec, '^=(%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$')
+    local amt, late, back, exp, rem, reset, kept =
+      string.match(rec, '^=(%d+) (%d+) (%d+) ([01]) (%d+) (%d+) (%d+)$')
     if amt then
+      if now >= tonumber(kept) then return parts, 2 end
       settled = settled + 1
       if tonumber(amt) ~= actual then conflict = true end
-      parts[i] = { 1, tonumber(late), tonumber(back), tonumber(exp), tonumber(rem), tonumber(reset), tonumber(amt) }
+      parts[i] = { 1, tonumber(late), tonumber(back), tonumber(exp), tonumber(rem), tonumber(reset), tonumber(amt),
+        tonumber(kept) }
       ARGV[b + 4], ARGV[b + 5] = 0, 0
     else
-      local est, at, til = string.match(rec, '^(%d+) (%d+) (%d+)$')
-      if not est then return parts, 2 end
+      local est, at, til
+      est, at, til, kept = string.match(rec, '^(%d+) (%d+) (%d+) (%d+)$')
+      if not est or now >= tonumber(kept) then return parts, 2 end
       est, at, til = tonumber(est), tonumber(at), tonumber(til)
       local expired = 0
       if now >= til then expired = 1 end
@@ -255,7 +261,7 @@ local function settle_prepare(a, k, n, rid, now)
       else
         ARGV[b + 4], ARGV[b + 5] = 0, 0
       end
-      parts[i] = { 0, late, back, expired, 0, 0, actual }
+      parts[i] = { 0, late, back, expired, 0, 0, actual, tonumber(kept) }
     end
   end
   if conflict or (settled > 0 and settled < n) then return parts, 3 end
@@ -266,22 +272,22 @@ end
 -- out[head]): each check that allowed keeps its part; the description
 -- goes to the request's extra key.
 local function reserve_keep(a, k, n, mode, head, now)
-  local ttls, mask, longest = {}, {}, 0
+  local ttls, mask = {}, {}
   for t in string.gmatch(mode[3], '%d+') do ttls[#ttls + 1] = tonumber(t) end
+  local keep = ttls[1] or 600000000
+  local px = int(math.floor(keep / 1000) + TTL_SLACK_MS)
   for i = 1, n do
     mask[i] = '0'
     if out[head + 1 + 5 * (i - 1)] == 1 then
-      local ttl = ttls[i] or 300000000
+      local ttl = ttls[i + 1] or 300000000
       local hits = tonumber(ARGV[a + 2 + STRIDE * (i - 1) + 4])
-      redis.call('SET', KEYS[k + i] .. ':r:' .. mode[2], int(hits) .. ' ' .. int(now) .. ' ' .. int(now + ttl),
-        'PX', int(math.floor(2 * ttl / 1000) + TTL_SLACK_MS))
+      redis.call('SET', KEYS[k + i] .. ':r:' .. mode[2],
+        int(hits) .. ' ' .. int(now) .. ' ' .. int(now + ttl) .. ' ' .. int(now + keep), 'PX', px)
       mask[i] = '1'
-      longest = math.max(longest, ttl)
     end
   end
   if mode[4] ~= '' then
-    redis.call('SET', KEYS[k + n + 1], table.concat(mask) .. '\n' .. mode[4],
-      'PX', int(math.floor(2 * longest / 1000) + TTL_SLACK_MS))
+    redis.call('SET', KEYS[k + n + 1], table.concat(mask) .. '\n' .. mode[4], 'PX', px)
   end
 end
 
@@ -293,7 +299,7 @@ local function settle_record(k, rid, parts, head)
     if p[1] == 0 then
       p[5], p[6] = out[at + 1], out[at + 2]
       redis.call('SET', KEYS[k + i] .. ':r:' .. rid, '=' .. int(p[7]) .. ' ' .. int(p[2]) .. ' ' .. int(p[3]) .. ' '
-        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]), 'KEEPTTL')
+        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]) .. ' ' .. int(p[8]), 'KEEPTTL')
     end
     out[at], out[at + 1], out[at + 2], out[at + 3], out[at + 4] = p[1] + 2 * p[4], p[2], p[3], p[5], p[6]
   end

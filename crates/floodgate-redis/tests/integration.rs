@@ -6,3 +6,4 @@ mod conformance;
 mod faults;
 mod redis_region;
 mod region;
+mod reservations;

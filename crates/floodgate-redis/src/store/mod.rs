@@ -566,10 +566,10 @@ impl Store for RedisStore {
         ttls_us: &[u64],
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> Result<Option<ReservationId>, ReservationError> {
-        self.reserve_parts(checks, ttls_us, out).await
+        self.reserve_at(checks, ttls_us, None, out).await
     }
 
     async fn settle(&self, id: ReservationId, actual: &[u64]) -> Result<Settled, ReservationError> {
-        self.settle_parts(id, actual).await
+        self.settle_at(id, actual, None).await
     }
 }

@@ -171,11 +171,13 @@ fn description_key(prefix: &str, id: ReservationId) -> String {
 const SETTLE_STRIDE: usize = 5;
 
 impl RedisStore {
-    /// See [`floodgate_core::Store::reserve`].
-    pub(crate) async fn reserve_parts(
+    /// [`floodgate_core::Store::reserve`] at `now` (µs; `None`: Redis's
+    /// clock, as every decision of the service): for replays and tests.
+    pub async fn reserve_at(
         &self,
         checks: &[Check<'_>],
         ttls_us: &[u64],
+        now: Option<u64>,
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> Result<Option<ReservationId>, ReservationError> {
         out.clear();
@@ -193,11 +195,17 @@ impl RedisStore {
             .collect();
         let groups = self.groups(&keys);
         let single = matches!(i.client, Client::Single(_));
+        let longest = ttls_us.iter().copied().max().unwrap_or(0);
         let dkey = description_key(&i.config.key_prefix, id);
         let replies = {
             let calls = groups.iter().map(|g| {
-                let (ks, args) = self.group_args(g, &keys, checks);
-                let ttls: Vec<String> = g.iter().map(|&j| ttls_us.get(j).copied().unwrap_or(0).to_string()).collect();
+                let (ks, args) = self.group_args(g, &keys, checks, now);
+                // First how long the reservation is kept: twice its
+                // longest ttl (as the memory store's), then each check's.
+                let ttls: Vec<String> = std::iter::once(2 * longest)
+                    .chain(g.iter().map(|&j| ttls_us.get(j).copied().unwrap_or(0)))
+                    .map(|t| t.to_string())
+                    .collect();
                 let desc = if single { lines.join("\n") } else { String::new() };
                 let refs: Vec<&Check<'_>> = g.iter().map(|&j| &checks[j]).collect();
                 let (rid, dkey) = (&rid, &dkey);
@@ -206,7 +214,8 @@ impl RedisStore {
                     if !desc.is_empty() {
                         ks.push(dkey.clone());
                     }
-                    let head = format!("r|{rid}|{}|{desc}", ttls.join(" "));
+                    let at = now.map(|n| n.to_string()).unwrap_or_default();
+                    let head = format!("r{at}|{rid}|{}|{desc}", ttls.join(" "));
                     let values = self.run_reservation(ks, args, head).await?;
                     script::reply(&values, &refs).map_err(|e| StoreError::Unavailable(e.0))
                 }
@@ -235,7 +244,7 @@ impl RedisStore {
             // their hits back; their parts are never named (the id is not
             // answered) and expire.
             let answered: Vec<Option<&script::Reply>> = replies.iter().map(|r| r.as_ref().ok()).collect();
-            self.refund_allowed(&keys, checks, &groups, &answered, None).await;
+            self.refund_allowed(&keys, checks, &groups, &answered, now).await;
             return Ok(None);
         }
         let failed = replies.iter().any(Result::is_err);
@@ -267,8 +276,14 @@ impl RedisStore {
         Ok(Some(id))
     }
 
-    /// See [`floodgate_core::Store::settle`].
-    pub(crate) async fn settle_parts(&self, id: ReservationId, actual: &[u64]) -> Result<Settled, ReservationError> {
+    /// [`floodgate_core::Store::settle`] at `now` (see
+    /// [`RedisStore::reserve_at`]).
+    pub async fn settle_at(
+        &self,
+        id: ReservationId,
+        actual: &[u64],
+        now: Option<u64>,
+    ) -> Result<Settled, ReservationError> {
         let i = &self.inner;
         let parts = match i.reservations.get(id) {
             Some(p) => p,
@@ -307,8 +322,9 @@ impl RedisStore {
             .collect();
         let groups = self.groups(&keys);
         let calls = groups.iter().map(|g| {
-            let (ks, args) = self.group_args(g, &keys, &checks);
-            let head = format!("s|{rid}");
+            let (ks, args) = self.group_args(g, &keys, &checks, now);
+            let at = now.map(|n| n.to_string()).unwrap_or_default();
+            let head = format!("s{at}|{rid}");
             async move { self.run_reservation(ks, args, head).await }
         });
         let replies = super::join_all(calls.collect()).await;
@@ -370,10 +386,16 @@ impl RedisStore {
 
     /// The keys and script arguments of one slot's checks (`g`: their
     /// positions).
-    fn group_args(&self, g: &[usize], keys: &[String], checks: &[Check<'_>]) -> (Vec<String>, Vec<CheckArgs>) {
+    fn group_args(
+        &self,
+        g: &[usize],
+        keys: &[String],
+        checks: &[Check<'_>],
+        now: Option<u64>,
+    ) -> (Vec<String>, Vec<CheckArgs>) {
         g.iter()
             .map(|&j| {
-                let args = CheckArgs::of(&checks[j], Op::Apply).with_global(self.global_args(&checks[j], None));
+                let args = CheckArgs::of(&checks[j], Op::Apply).with_global(self.global_args(&checks[j], now));
                 (keys[j].clone(), args)
             })
             .unzip()
