@@ -230,10 +230,8 @@ impl<S: Store> Limiter<S> {
             .map(|c| u64::try_from(c.rule.reservation_ttl.as_micros()).unwrap_or(u64::MAX))
             .collect();
         let mut results = Vec::with_capacity(store_checks.len());
-        let id = match store_checks.is_empty() {
-            true => None,
-            false => self.store.reserve(&store_checks, &ttls, &mut results).await?,
-        };
+        let id =
+            if store_checks.is_empty() { None } else { self.store.reserve(&store_checks, &ttls, &mut results).await? };
         let outcome = self.outcome(checks, results);
         let id = id.filter(|_| outcome.allowed);
         Ok((outcome, id))

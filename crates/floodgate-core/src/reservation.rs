@@ -226,6 +226,16 @@ pub enum ReservationError {
     },
 }
 
+/// The amount of each of `parts` parts a settle at `actual` gives: one
+/// amount for every part, or one per part.
+pub fn amounts(parts: usize, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
+    match actual {
+        [one] => Ok(vec![*one; parts]),
+        many if many.len() == parts => Ok(many.to_vec()),
+        many => Err(ReservationError::Amounts { parts, given: many.len() }),
+    }
+}
+
 /// What a settle may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim<R> {
@@ -239,12 +249,7 @@ impl<P, R: Clone> Reservation<P, R> {
     /// The amounts per part for `actual`: one amount for every part, or one
     /// per part.
     pub fn amounts(&self, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
-        let parts = self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len());
-        match actual {
-            [one] => Ok(vec![*one; parts]),
-            many if many.len() == parts => Ok(many.to_vec()),
-            many => Err(ReservationError::Amounts { parts, given: many.len() }),
-        }
+        amounts(self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len()), actual)
     }
 
     /// Claim the settle at `actual` at `now_us`: the adjustments to make
@@ -530,6 +535,25 @@ impl<P, R: Clone> Ledger<P, R> {
 pub type Book = Ledger<Held, Settled>;
 
 impl Book {
+    /// Reserve at `now_us`: refused when the ledger is full; else `decide`
+    /// decides `checks` all or nothing into `out` (at `now_us`), and what
+    /// they took is kept ([`Book::keep`]).
+    pub fn reserve_with(
+        &self,
+        checks: &[crate::Check<'_>],
+        ttls_us: &[u64],
+        now_us: u64,
+        out: &mut Vec<Result<crate::Decision, crate::StoreError>>,
+        decide: impl FnOnce(&mut Vec<Result<crate::Decision, crate::StoreError>>),
+    ) -> Result<Option<ReservationId>, ReservationError> {
+        if self.full(now_us) {
+            out.clear();
+            return Err(ReservationError::Full { max: self.max });
+        }
+        decide(out);
+        Ok(self.keep(checks, out, ttls_us, now_us))
+    }
+
     /// Keep what an allowed request's `checks` took at `now_us` (their
     /// store `results`; `ttls_us` each check's `reservation_ttl`): one part
     /// per check that takes (a peek too: a settle charges its actual amount

@@ -466,12 +466,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         out: &mut Vec<Result<Decision, StoreError>>,
     ) -> impl Future<Output = Result<Option<ReservationId>, ReservationError>> + Send {
         let now = self.clock.now_us();
-        if self.book.full(now) {
-            out.clear();
-            return std::future::ready(Err(ReservationError::Full { max: self.book.max() }));
-        }
-        self.apply_all_at(checks, now, out);
-        std::future::ready(Ok(self.book.keep(checks, out, ttls_us, now)))
+        std::future::ready(self.book.reserve_with(checks, ttls_us, now, out, |out| self.apply_all_at(checks, now, out)))
     }
 
     fn settle(

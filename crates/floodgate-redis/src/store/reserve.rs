@@ -257,7 +257,6 @@ impl RedisStore {
             return Ok(None);
         }
         let now = replies.iter().find_map(|r| r.as_ref().ok().map(|r| r.now_us)).unwrap_or(0);
-        let longest = kept.iter().map(|&j| ttls_us.get(j).copied().unwrap_or(0)).max().unwrap_or(0);
         if !single {
             let mask: String = (0..checks.len()).map(|j| if kept.contains(&j) { '1' } else { '0' }).collect();
             let mut cmd = redis::cmd("SET");
@@ -300,11 +299,7 @@ impl RedisStore {
                     .into()
             }
         };
-        let amounts = match actual {
-            [one] => vec![*one; parts.len()],
-            many if many.len() == parts.len() => many.to_vec(),
-            many => return Err(ReservationError::Amounts { parts: parts.len(), given: many.len() }),
-        };
+        let amounts = floodgate_core::reservation::amounts(parts.len(), actual)?;
         let rid = id.to_string();
         let keys: Vec<String> =
             parts.iter().map(|p| script::redis_key(&i.config.key_prefix, &p.key, &p.limit)).collect();

@@ -162,11 +162,7 @@ pub fn settled_response(id: ReservationId, s: &Settled) -> Value {
 impl From<ReserveError> for ApiError {
     fn from(e: ReserveError) -> Self {
         match e {
-            ReserveError::Request(e) => {
-                let msg = e.to_string();
-                let field = msg.split(':').next().unwrap_or("").to_owned();
-                ApiError::new(StatusCode::BAD_REQUEST, &field, msg)
-            }
+            ReserveError::Request(e) => e.into(),
             ReserveError::Reservation(e) => e.into(),
         }
     }

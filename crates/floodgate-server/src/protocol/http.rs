@@ -22,7 +22,7 @@ use crate::Backend;
 use crate::metrics::{Protocol, gauge};
 use crate::protocol::budget;
 use crate::protocol::json::{BadRequest, check_response, parse_check_request, parse_pb_request, pb_response};
-use crate::service::{Request, Service};
+use crate::service::{Request, RequestError, Service};
 use floodgate_core::headers::HeaderMode;
 
 /// Default largest request body: 64 KiB.
@@ -76,6 +76,15 @@ impl ApiError {
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> Self {
         Self { status: StatusCode::BAD_REQUEST, field: e.field, message: e.message }
+    }
+}
+
+impl From<RequestError> for ApiError {
+    /// 400, naming the field the message starts with.
+    fn from(e: RequestError) -> Self {
+        let msg = e.to_string();
+        let field = msg.split(':').next().unwrap_or("").to_owned();
+        ApiError::new(StatusCode::BAD_REQUEST, &field, msg)
     }
 }
 
@@ -142,11 +151,7 @@ async fn decide<S: Backend>(
     req: &Request,
     protocol: Protocol,
 ) -> Result<crate::service::Decided, ApiError> {
-    state.service.decide(req, protocol).await.map_err(|e| {
-        let msg = e.to_string();
-        let field = msg.split(':').next().unwrap_or("").to_owned();
-        ApiError::new(StatusCode::BAD_REQUEST, &field, msg)
-    })
+    state.service.decide(req, protocol).await.map_err(ApiError::from)
 }
 
 /// A parsed body, or its error (counted as a malformed request).

@@ -7,7 +7,7 @@ pub mod regions;
 
 use std::sync::Arc;
 
-use floodgate_core::reservation::{Adjust, ReservationError, ReservationId, Settled};
+use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 use floodgate_core::{Check, Clock, Decision, Limit, MemoryStore, Store, StoreError};
 use floodgate_redis::{RedisRegion, RedisStore};
 
@@ -80,12 +80,7 @@ impl Store for ServerStore {
                 // The region is this process: its reservations are kept
                 // beside the memory store's, decided through the table.
                 let now = s.clock().now_us();
-                if s.book().full(now) {
-                    out.clear();
-                    return Err(ReservationError::Full { max: s.book().max() });
-                }
-                t.apply_all_with(s, checks, now, out);
-                Ok(s.book().keep(checks, out, ttls_us, now))
+                s.book().reserve_with(checks, ttls_us, now, out, |out| t.apply_all_with(s, checks, now, out))
             }
             Self::Redis(s) => s.reserve(checks, ttls_us, out).await,
             Self::RedisRegional(s, region, _) => {
@@ -107,10 +102,8 @@ impl Store for ServerStore {
             Self::RedisRegional(s, region, _) => {
                 let settled = s.settle(id, actual).await?;
                 for p in settled.parts.iter().filter(|_| !settled.again) {
-                    let hits = match p.adjust {
-                        Adjust::Nothing => 0,
-                        Adjust::Late(h) | Adjust::Return { hits: h, .. } => h,
-                    };
+                    let (late, returned) = p.adjust.amounts();
+                    let hits = late + returned;
                     if let (Scope::Global(mode), Ok(d), true) = (p.scope, &p.decision, hits > 0) {
                         region.touched(&p.key, &p.limit, mode, hits, d.remaining);
                     }
