@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
 use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
+use floodgate_core::rules::cost::Cost;
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
 use floodgate_core::{Algorithm, Answer, Decision, Limit, Op, Store};
 
@@ -143,6 +144,9 @@ pub struct Reserved {
     /// How long it may give back what it does not use (the longest
     /// `reservation_ttl` of its limits).
     pub ttl: Option<Duration>,
+    /// What each limit of the reservation took and reads its actual amount
+    /// from (its `cost`), for a settle made by the proxy.
+    pub meter: Option<floodgate_tower::Meter>,
 }
 
 /// Why a reserve was not decided.
@@ -220,25 +224,63 @@ impl<S: Store> Service<S> {
     /// ([`Service::settle`]). A reserve gives nothing back: a refund
     /// descriptor is refused.
     pub async fn reserve(&self, req: &Request) -> Result<Reserved, ReserveError> {
+        self.reserve_as(req, None, Protocol::Reserve).await
+    }
+
+    /// Meter `req` for the proxy: each limit with a `cost` asks
+    /// `estimate(cost)`, the others the request's hits; kept as a
+    /// reservation only when some limit has a cost (else decided as an
+    /// ordinary request). A store that cannot keep reservations (down, or
+    /// without support) decides it as an ordinary request, by the rules'
+    /// failure policies, unmetered.
+    pub async fn meter(
+        &self,
+        req: &Request,
+        estimate: &(dyn Fn(&Cost) -> u64 + Sync),
+    ) -> Result<Reserved, ReserveError> {
+        self.reserve_as(req, Some(estimate), Protocol::Proxy).await
+    }
+
+    async fn reserve_as(
+        &self,
+        req: &Request,
+        estimate: Option<&(dyn Fn(&Cost) -> u64 + Sync)>,
+        protocol: Protocol,
+    ) -> Result<Reserved, ReserveError> {
         let started = Instant::now();
         if let Some(i) = req.descriptors.iter().position(|d| d.refund) {
             return Err(RequestError::RefundInReserve(i).into());
         }
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
-        let checks = checks_of(req, &planned);
-        let (outcome, id) = match self.limiter.reserve(&checks).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.metrics.request(Protocol::Reserve, None, started.elapsed());
+        let mut checks = checks_of(req, &planned);
+        let mut keep = estimate.is_none();
+        if let Some(estimate) = estimate {
+            for c in &mut checks {
+                if let Some(cost) = &c.rule.cost {
+                    c.hits = estimate(cost);
+                    keep = true;
+                }
+            }
+        }
+        let reserved = match keep {
+            true => self.limiter.reserve(&checks).await,
+            false => Err(ReservationError::Unsupported("no limit has a cost")),
+        };
+        let (outcome, id) = match (reserved, estimate) {
+            (Ok(r), _) => r,
+            (Err(_), Some(_)) => (self.limiter.check(&checks).await, None),
+            (Err(e), None) => {
+                self.metrics.request(protocol, None, started.elapsed());
                 return Err(e.into());
             }
         };
         let decided = self.answer(req, &planned, &checks, &outcome);
-        self.metrics.request(Protocol::Reserve, Some(decided.answer.allowed), started.elapsed());
+        self.metrics.request(protocol, Some(decided.answer.allowed), started.elapsed());
         let ttl =
             id.and_then(|_| checks.iter().filter(|c| c.rule.limit.is_some()).map(|c| c.rule.reservation_ttl).max());
-        Ok(Reserved { decided, id, ttl })
+        let meter = id.map(|id| floodgate_tower::Meter::of(id, &checks));
+        Ok(Reserved { decided, id, ttl, meter })
     }
 
     /// Settle reservation `id` at `actual` (one amount for all its limits,

@@ -4,6 +4,7 @@
 
 #![allow(clippy::missing_panics_doc)]
 
+pub mod openai;
 pub mod redis;
 
 use std::fs;

@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
+use floodgate_core::reservation::ReservationId;
+use floodgate_core::rules::cost::Metering;
 use floodgate_core::rules::{self, Planned, Rule, RuleSet};
 use floodgate_core::{Charge, Decision, Limit, MemoryStore, Op, Store, StoreError};
 use http::HeaderName;
 
 use crate::descriptors::{self, DescriptorError, RequestFacts};
+use crate::layer::{Meter, Reserved, estimate};
 
 pub use floodgate_core::{Answer, Headline};
 
@@ -52,6 +55,38 @@ pub trait Decide: Send + Sync + 'static {
     /// is `false`.
     fn answers_at_once(&self) -> bool {
         false
+    }
+
+    /// What metering this decider's requests need ([`MeterLayer`]): `None`
+    /// (the default) when no limit has a `cost`, and such requests are only
+    /// decided.
+    ///
+    /// [`MeterLayer`]: crate::MeterLayer
+    fn metering(&self) -> Option<Metering> {
+        None
+    }
+
+    /// Decide a request of a metered domain ([`Decide::metering`]): each
+    /// limit with a `cost` asks its [`estimate`](crate::estimate) (from the
+    /// request's headers or JSON `body`), the others as [`Decide::decide`]
+    /// does; when it is allowed and some limit has a cost, what each took is
+    /// kept as a reservation to settle. The default decides without
+    /// reserving.
+    fn reserve(
+        &self,
+        facts: &RequestFacts<'_>,
+        body: Option<&serde_json::Value>,
+    ) -> impl Future<Output = Result<Reserved, DecideError>> + Send {
+        let _ = body;
+        let decided = self.decide(facts);
+        async move { decided.await.map(Reserved::unmetered) }
+    }
+
+    /// Settle a reservation made by [`Decide::reserve`] at `actual` (one
+    /// amount per part, in order). Failures are the decider's to report.
+    fn settle(&self, id: ReservationId, actual: &[u64]) -> impl Future<Output = ()> + Send {
+        let _ = (id, actual);
+        std::future::ready(())
     }
 }
 
@@ -141,6 +176,40 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
 
     fn answers_at_once(&self) -> bool {
         self.limiter.store().answers_at_once()
+    }
+
+    fn metering(&self) -> Option<Metering> {
+        self.rules.load().domain(&self.domain)?.metering()
+    }
+
+    async fn reserve(
+        &self,
+        facts: &RequestFacts<'_>,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Reserved, DecideError> {
+        let rules = self.rules.load();
+        let Some(planned) = self.plan(&rules, facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
+        let mut checks = checks_of(&planned);
+        let mut metered = false;
+        for c in &mut checks {
+            if let Some(cost) = &c.rule.cost {
+                c.hits = estimate(cost, facts.headers, body);
+                metered = true;
+            }
+        }
+        // A store that cannot keep reservations: decided as an ordinary
+        // request (its failure policies), not metered.
+        if metered && let Ok((outcome, id)) = self.limiter.reserve(&checks).await {
+            let meter = id.map(|id| Meter::of(id, &checks));
+            return Ok(Reserved { answer: Answer::of(&checks, outcome.view()), meter });
+        }
+        let outcome = self.limiter.check(&checks).await;
+        Ok(Reserved::unmetered(Answer::of(&checks, outcome.view())))
+    }
+
+    async fn settle(&self, id: ReservationId, actual: &[u64]) {
+        // A failed settle leaves the reservation to expire at its estimate.
+        let _ = self.limiter.store().settle(id, actual).await;
     }
 }
 

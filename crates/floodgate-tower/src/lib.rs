@@ -30,6 +30,7 @@ mod decide;
 mod descriptors;
 mod layer;
 mod throttle;
+pub mod usage;
 
 pub use client_ip::{Cidr, CidrError, ForwardedHeader, TrustedProxies, UnknownForwardedHeader};
 pub use decide::{Answer, Decide, DecideError, Headline, Key, KeyFn, KeyedLimit, RulesDecider, ip_str};
@@ -39,8 +40,9 @@ pub use descriptors::{
 };
 pub use floodgate_core::headers::HeaderMode;
 pub use layer::{
-    AnswerHeaders, BodyMode, DEFAULT_MAX_HELD, InnerBody, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer,
-    ResponseFuture, Wrapped, grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection,
+    AnswerHeaders, BodyMode, DEFAULT_MAX_HELD, InnerBody, MAX_READ, Meter, MeterFuture, MeterLayer, MeterPart, Metered,
+    MeteredBody, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, RequestBody, Reserved, ResponseFuture, Wrapped,
+    estimate, grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection,
 };
 pub use throttle::{Throttle, ThrottleError};
 

@@ -11,6 +11,7 @@ mod dashboard_browser;
 mod defaults_cli;
 mod docs;
 mod keys_cli;
+mod metering_cli;
 mod proxy_cli;
 mod redis_cli;
 mod regions_cli;

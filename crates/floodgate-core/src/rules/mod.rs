@@ -19,6 +19,7 @@
 //!     - { unit: day, requests_per_unit: 1000000 }
 //! ```
 
+pub mod cost;
 mod error;
 mod load;
 mod matcher;

@@ -133,6 +133,9 @@ pub struct Rule {
     /// not use; after that it keeps its estimate (`reservation_ttl`,
     /// [`DEFAULT_RESERVATION_TTL`]).
     pub reservation_ttl: std::time::Duration,
+    /// What a request metered by the proxy or the tower layer reserves and
+    /// settles (`cost:`); `None`: one hit.
+    pub cost: Option<std::sync::Arc<super::cost::Cost>>,
 }
 
 /// A rule's `reservation_ttl` when it names none: 5 minutes.
@@ -159,6 +162,7 @@ impl Rule {
             stats_key,
             source: Source { file: u32::MAX, pos: Pos::default() },
             reservation_ttl: DEFAULT_RESERVATION_TTL,
+            cost: None,
         }
     }
 }
@@ -192,6 +196,8 @@ pub struct Domain {
     pub(crate) request_descriptors: Vec<RequestDescriptor>,
     /// Named plans for per-key entries (`tiers:`).
     pub(crate) tiers: HashMap<Box<str>, Tier>,
+    /// What metering its requests needs, when some rule has a `cost`.
+    pub(crate) metering: Option<super::cost::Metering>,
 }
 
 /// A named plan (`tiers:`): the limits of every per-key entry naming it.
@@ -265,6 +271,12 @@ impl Domain {
     /// Every rule of the domain, in file order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.nodes.iter().flat_map(|n| n.rules.iter())
+    }
+
+    /// What metering the proxy and the tower layer do for this domain's
+    /// requests: `None` when no rule (or tier) has a `cost`.
+    pub fn metering(&self) -> Option<super::cost::Metering> {
+        self.metering
     }
 
     /// A tier by name.

@@ -407,6 +407,67 @@ fn charge_after_is_read_and_checked() {
 }
 
 #[test]
+fn costs_are_read_and_checked() {
+    use crate::rules::cost::{Actual, EstimateFrom, Metering};
+    let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
+    let set = load(&rl(
+        "unit: hour, requests_per_unit: 100000, cost: {estimate: {body: [max_completion_tokens, max_tokens], default: 4096, times: 0.6, plus: 300}, actual: {usage: {prompt_tokens: 0.15, completion_tokens: 0.6}}}",
+    ));
+    let m = set.matches("d", &[("k", "x")]).unwrap();
+    let cost = m.rules[0].cost.as_deref().unwrap();
+    assert_eq!(
+        cost.estimate.from,
+        EstimateFrom::Body(std::sync::Arc::from([
+            std::sync::Arc::from("max_completion_tokens"),
+            std::sync::Arc::from("max_tokens")
+        ]))
+    );
+    assert_eq!((cost.estimate.default, cost.estimate.times, cost.estimate.plus), (4096, 600_000, 300));
+    assert!(matches!(&cost.actual, Actual::Usage(w) if w.len() == 2 && w[0].1 == 150_000));
+    assert!(cost.include_usage, "asked by default when usage is read");
+    assert_eq!(set.domain("d").unwrap().metering(), Some(Metering { body: true, usage: true, include_usage: true }));
+    let header = load(&rl("unit: hour, requests_per_unit: 9, cost: {estimate: 5, actual: {header: X-Cost}}"));
+    let m = header.matches("d", &[("k", "x")]).unwrap();
+    let cost = m.rules[0].cost.as_deref().unwrap();
+    assert_eq!((&cost.estimate.from, cost.estimate.default), (&EstimateFrom::Constant, 5));
+    assert_eq!(cost.actual, Actual::Header(std::sync::Arc::from("x-cost")), "header names are kept lowercase");
+    assert_eq!(
+        header.domain("d").unwrap().metering(),
+        Some(Metering { body: false, usage: false, include_usage: false })
+    );
+    assert_eq!(load(&rl("unit: hour, requests_per_unit: 9")).domain("d").unwrap().metering(), None);
+    for (cost, want) in [
+        ("{actual: {usage: total_tokens}}", "rate_limit.cost.estimate: missing estimate"),
+        ("{estimate: 5}", "rate_limit.cost.actual: missing actual"),
+        (
+            "{estimate: {body: max_tokens}, actual: {usage: total_tokens}}",
+            "rate_limit.cost.estimate.default: missing default",
+        ),
+        ("{estimate: {default: 5}, actual: {usage: total_tokens}}", "say where the estimate is read"),
+        ("{estimate: {header: x, body: y, default: 1}, actual: {usage: a}}", "an estimate reads one place"),
+        ("{estimate: 5, actual: {usage: {total_tokens: -1}}}", "expected a number from 0 to 1000000"),
+        ("{estimate: 5, actual: {usage: {}}}", "name at least one usage field"),
+        ("{estimate: 5, actual: {header: \"a b\"}}", "is not a header name"),
+        ("{estimate: 5, actual: {headr: x}}", "unknown field `headr`"),
+        ("{estimate: 5, actual: {usage: a, header: b}}", "keep header or usage"),
+        ("{estimate: 5.5, actual: {usage: a}}", "expected a whole number"),
+    ] {
+        one_error(&rl(&format!("unit: hour, requests_per_unit: 9, cost: {cost}")), want);
+    }
+    one_error(
+        &rl("unit: hour, requests_per_unit: 9, charge: after, cost: {estimate: 5, actual: {usage: a}}"),
+        "rate_limit.cost: cost reserves an estimate before the work",
+    );
+    one_error(
+        &rl(
+            "algorithm: leaky_bucket, mode: shape, unit: second, requests_per_unit: 5, cost: {estimate: 5, actual: {usage: a}}",
+        ),
+        "a shaper (mode: shape) cannot take a cost",
+    );
+    one_error(&rl("unlimited: true, cost: {estimate: 5, actual: {usage: a}}"), "unlimited takes no cost");
+}
+
+#[test]
 fn bounds_are_errors_not_crashes() {
     let deep = format!(
         "domain: d\ndescriptors:\n{}",

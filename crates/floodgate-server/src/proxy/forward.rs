@@ -27,16 +27,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use floodgate_core::Store;
+use floodgate_core::reservation::ReservationId;
+use floodgate_core::rules::cost::Metering;
 use floodgate_tower::{
-    Answer, Decide, DecideError, PeerAddr, RateLimitLayer, RequestFacts, TrustedProxies, build_descriptors,
-    descriptor_templates, ip_str,
+    Answer, Decide, DecideError, MeteredBody, PeerAddr, RateLimitLayer, RequestFacts, Reserved, TrustedProxies,
+    build_descriptors, descriptor_templates, estimate, ip_str,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_layer::Layer;
@@ -44,7 +45,7 @@ use tower_layer::Layer;
 use crate::listen::threads;
 use crate::listen::{ConnLimit, ConnOptions, Handed, ServerError, accept, serve_http};
 use crate::metrics::Protocol;
-use crate::proxy::upstream::Pool;
+use crate::proxy::upstream::{Outgoing, Pool};
 use crate::service::{Decided, Descriptor, Request as RlsRequest, RequestError, Service};
 
 /// The proxy's settings.
@@ -200,10 +201,40 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
     fn answers_at_once(&self) -> bool {
         self.service.answers_at_once()
     }
+
+    fn metering(&self) -> Option<Metering> {
+        self.service.rules().current().domain(&self.domain)?.metering()
+    }
+
+    async fn reserve(
+        &self,
+        facts: &RequestFacts<'_>,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Reserved, DecideError> {
+        let Some(req) = self.request(facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
+        let estimate = |cost: &floodgate_core::rules::cost::Cost| estimate(cost, facts.headers, body);
+        match self.service.meter(&req, &estimate).await {
+            Ok(r) => Ok(Reserved { answer: r.decided.answer, meter: r.meter }),
+            Err(crate::service::ReserveError::Request(e)) => layer_answer(Err(e)).map(Reserved::unmetered),
+            Err(e) => Err(DecideError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string() }),
+        }
+    }
+
+    async fn settle(&self, id: ReservationId, actual: &[u64]) {
+        // Counted in the metrics (`floodgate_settles_total`); a failed
+        // settle leaves the reservation to expire at its estimate.
+        if let Err(e) = self.service.settle(id, actual).await {
+            tracing::warn!(reservation = %id, error = %e, "the proxy's settle failed: the reservation keeps its estimate");
+        }
+    }
 }
 
 /// A response body of the proxy: the upstream's, streamed, or one made here.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// A response body as the proxy's client gets it (metered when its
+/// request is).
+pub type ClientBody = MeteredBody<ProxyBody>;
 
 /// Forwards requests to the upstream (the service inside the rate-limit
 /// layer). Never fails: upstream errors become 502 and 504 responses.
@@ -237,7 +268,7 @@ impl Forward {
         Self { pool: Pool::new(self.upstream.authority.clone(), self.timeout), ..self.clone() }
     }
 
-    async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(self, mut req: Request<Outgoing>) -> Response<ProxyBody> {
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let Ok(target) = self.upstream.target_of(req.uri()) else {
             let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -279,7 +310,7 @@ impl Forward {
     }
 }
 
-impl tower_service::Service<Request<Incoming>> for Forward {
+impl tower_service::Service<Request<Outgoing>> for Forward {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
@@ -288,7 +319,7 @@ impl tower_service::Service<Request<Incoming>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<Outgoing>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }
@@ -411,7 +442,7 @@ async fn serve_connections<S: Store + 'static>(
     options: ConnOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
-    serve_http(incoming, layer.layer(forward), options, stop, "proxy").await;
+    serve_http(incoming, layer.metered().layer(forward), options, stop, "proxy").await;
     Ok(())
 }
 

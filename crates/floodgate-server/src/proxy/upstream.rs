@@ -32,6 +32,10 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+
+/// A request body as the proxy forwards it: the client's, after what the
+/// metering read of it.
+pub(crate) type Outgoing = floodgate_tower::RequestBody<Incoming>;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -65,7 +69,7 @@ pub(crate) struct Pool {
 }
 
 struct Idle {
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<Outgoing>,
     since: Instant,
 }
 
@@ -92,7 +96,7 @@ impl Pool {
     /// new one; the response's body returns the connection when read.
     pub(crate) async fn send(
         self: &Arc<Self>,
-        mut req: Request<Incoming>,
+        mut req: Request<Outgoing>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         loop {
             let (mut sender, reused) = match self.checkout() {
@@ -114,7 +118,7 @@ impl Pool {
     }
 
     /// The most recently used idle connection that can take a request.
-    fn checkout(&self) -> Option<SendRequest<Incoming>> {
+    fn checkout(&self) -> Option<SendRequest<Outgoing>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         // Closed ones (the upstream hung up) are dropped on the way.
         while let Some(i) = idle.pop_back() {
@@ -126,7 +130,7 @@ impl Pool {
     }
 
     /// Keep `sender` for the next request.
-    fn check_in(self: &Arc<Self>, sender: SendRequest<Incoming>) {
+    fn check_in(self: &Arc<Self>, sender: SendRequest<Outgoing>) {
         if sender.is_closed() {
             return;
         }
@@ -173,7 +177,7 @@ impl Pool {
     }
 
     /// Open a connection (each address of the host in turn).
-    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+    async fn connect(&self) -> Result<SendRequest<Outgoing>, UpstreamError> {
         let stream = tokio::time::timeout(self.connect_timeout, connect_tcp(&self.authority))
             .await
             .map_err(|_| UpstreamError::ConnectTimeout(self.connect_timeout))?
@@ -209,7 +213,7 @@ async fn connect_tcp(authority: &Authority) -> std::io::Result<TcpStream> {
 /// once read to the end.
 pub(crate) struct PooledBody {
     body: Incoming,
-    back: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    back: Option<(SendRequest<Outgoing>, Arc<Pool>)>,
     ended: bool,
 }
 
@@ -332,7 +336,8 @@ mod tests {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let pool = Arc::clone(&pool);
                     async move {
-                        let mut resp = pool.send(req).await.map_err(|e| e.to_string())?;
+                        let mut resp =
+                            pool.send(req.map(floodgate_tower::RequestBody::new)).await.map_err(|e| e.to_string())?;
                         // The upstream's hop-by-hop header is not for this client.
                         resp.headers_mut().remove(http::header::CONNECTION);
                         Ok::<_, String>(resp)

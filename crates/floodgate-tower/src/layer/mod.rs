@@ -23,11 +23,15 @@ use crate::descriptors::RequestFacts;
 
 mod body;
 mod future;
+mod meter;
 mod response;
 mod service;
 
 pub use body::RateLimitBody;
 pub use future::ResponseFuture;
+pub use meter::{
+    MAX_READ, Meter, MeterFuture, MeterLayer, MeterPart, Metered, MeteredBody, RequestBody, Reserved, estimate,
+};
 pub use response::{AnswerHeaders, grpc_rejection, grpc_response, insert_answer_headers, local_response, rejection};
 pub use service::RateLimit;
 use service::peer_addr;

@@ -126,7 +126,7 @@ where
 impl<S: Clone, D, M> RateLimit<S, D, M> {
     /// The inner service polled ready, for a call made later; a clone (not
     /// ready yet) stays for the next request.
-    fn take_ready(&mut self) -> S {
+    pub(super) fn take_ready(&mut self) -> S {
         let clone = self.inner.clone();
         std::mem::replace(&mut self.inner, clone)
     }

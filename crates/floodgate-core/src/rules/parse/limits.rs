@@ -37,6 +37,7 @@ impl FileParser<'_> {
                 "overshoot" => f.overshoot = self.string(v, &at).map(|s| (s, pos)),
                 "charge" => f.charge = self.string(v, &at).map(|s| (s, pos)),
                 "reservation_ttl" => f.reservation_ttl = self.string(v, &at).map(|s| (s, pos)),
+                "cost" => f.cost = self.cost(v, &at).map(|c| (std::sync::Arc::new(c), pos)),
                 _ => f.local_share = self.share(v, &at).map(|s| (s, pos)),
             }
         }
@@ -79,6 +80,7 @@ impl FileParser<'_> {
                     "charge: after with scope: global needs sliding_window, sliding_buckets or gcra (a fixed window carries its debt into later windows, which the regions' per-window counts cannot carry): set algorithm, or use scope: region",
                 );
             }
+            self.check_cost(&f, &limit, field);
             let local = self.local_limit(&limit, failure_mode, f.local_share, field);
             (Some(limit), local)
         };
@@ -96,6 +98,7 @@ impl FileParser<'_> {
             stats_key: stats_key.to_owned(),
             source: Source { file: self.file, pos: node.pos() },
             reservation_ttl,
+            cost: f.cost.map(|c| c.0),
         })
     }
 
@@ -141,6 +144,7 @@ impl FileParser<'_> {
             ("overshoot", f.overshoot.as_ref().map(|m| m.1)),
             ("charge", f.charge.as_ref().map(|m| m.1)),
             ("reservation_ttl", f.reservation_ttl.as_ref().map(|m| m.1)),
+            ("cost", f.cost.as_ref().map(|m| m.1)),
         ];
         for (k, pos) in extensions {
             if let Some(pos) = pos {
@@ -375,7 +379,7 @@ impl FileParser<'_> {
                 return None;
             }
         };
-        let ppm = parse_ppm(text);
+        let ppm = parse_ppm(text).and_then(|p| u32::try_from(p).ok());
         match ppm {
             Some(p) if p > 0 && p <= 1_000_000 => Some(p),
             _ => {
@@ -413,7 +417,7 @@ fn with_burst(a: Algorithm, burst: Option<u64>) -> Algorithm {
 }
 
 /// "0.25" → 250 000; "1" → 1 000 000.
-fn parse_ppm(text: &str) -> Option<u32> {
+pub(super) fn parse_ppm(text: &str) -> Option<u64> {
     let (int, frac) = text.split_once('.').unwrap_or((text, ""));
     if int.is_empty() && frac.is_empty() || frac.len() > 6 {
         return None;
@@ -421,7 +425,7 @@ fn parse_ppm(text: &str) -> Option<u32> {
     if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let int: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac: u32 = format!("{frac:0<6}").parse().ok()?;
+    let int: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac: u64 = format!("{frac:0<6}").parse().ok()?;
     int.checked_mul(1_000_000)?.checked_add(frac)
 }

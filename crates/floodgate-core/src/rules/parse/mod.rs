@@ -14,6 +14,7 @@ use super::model::{DescNode, Domain, Rule};
 use super::yaml::{self, Bounds, Node};
 use super::{ConfigError, ConfigErrors, Pos};
 
+mod cost;
 mod limits;
 mod requests;
 
@@ -95,6 +96,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "overshoot",
     "charge",
     "reservation_ttl",
+    "cost",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -132,6 +134,7 @@ struct RateLimitFields {
     overshoot: Option<(String, Pos)>,
     charge: Option<(String, Pos)>,
     reservation_ttl: Option<(String, Pos)>,
+    cost: Option<(std::sync::Arc<crate::rules::cost::Cost>, Pos)>,
 }
 
 /// The descriptor-level flags a rule inherits from its descriptor.
@@ -209,6 +212,7 @@ impl<'a> FileParser<'a> {
             nodes: vec![DescNode::default()],
             request_descriptors,
             tiers: HashMap::new(),
+            metering: None,
         };
         if let Some(list) = descriptors {
             self.descriptors(&mut domain, 0, list, "descriptors", &name);
@@ -216,6 +220,9 @@ impl<'a> FileParser<'a> {
         if let Some(map) = tiers {
             domain.tiers = self.tiers(map);
         }
+        domain.metering = crate::rules::cost::Metering::of(
+            domain.rules().chain(domain.tiers.values().flat_map(|t| t.rules.iter())).filter_map(|r| r.cost.as_deref()),
+        );
         (self.errors.len() == before).then_some(domain)
     }
 

@@ -1,0 +1,148 @@
+//! What a metered response has said of its cost so far, and its settle.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use floodgate_core::limiter::RuleCheck;
+use floodgate_core::reservation::ReservationId;
+use floodgate_core::rules::cost::Actual;
+use http::{HeaderMap, StatusCode};
+
+use crate::decide::Decide;
+use crate::layer::Shared;
+use crate::usage::Scanner;
+
+/// A metered request's reservation: its id and, for each limit it holds in
+/// order, what to settle it at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meter {
+    /// The reservation.
+    pub id: ReservationId,
+    /// One per limit of the reservation, in the reserve's order.
+    pub parts: Vec<MeterPart>,
+}
+
+/// One limit of a metered request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeterPart {
+    /// What it reserved.
+    pub estimate: u64,
+    /// Where its actual amount is read (`None`: it keeps its estimate, a
+    /// limit without `cost`).
+    pub actual: Option<Actual>,
+}
+
+impl Meter {
+    /// The meter of reservation `id` made of `checks` (those with a limit
+    /// are its parts, in order).
+    pub fn of(id: ReservationId, checks: &[RuleCheck<'_>]) -> Meter {
+        let parts = checks
+            .iter()
+            .filter(|c| c.rule.limit.is_some())
+            .map(|c| MeterPart { estimate: c.hits, actual: c.rule.cost.as_ref().map(|k| k.actual.clone()) })
+            .collect();
+        Meter { id, parts }
+    }
+}
+
+/// Settles a reservation (the decider, behind the layer's shared state).
+pub(crate) trait Settler: Send + Sync {
+    fn settle(&self, meter: &Meter, actual: Vec<u64>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+struct SettleWith<D>(Arc<Shared<D>>);
+
+impl<D: Decide> Settler for SettleWith<D> {
+    fn settle(&self, meter: &Meter, actual: Vec<u64>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (shared, id) = (Arc::clone(&self.0), meter.id);
+        Box::pin(async move { shared.decider.settle(id, &actual).await })
+    }
+}
+
+/// The settler of a layer's decider.
+pub(crate) fn settler<D: Decide>(shared: &Arc<Shared<D>>) -> Arc<dyn Settler> {
+    Arc::new(SettleWith(Arc::clone(shared)))
+}
+
+/// What a metered response said of its cost; settled when dropped.
+pub(crate) struct Tally {
+    meter: Meter,
+    settler: Arc<dyn Settler>,
+    /// The response's status, once its head came.
+    status: Option<StatusCode>,
+    /// Each part's amount read from a response header.
+    from_headers: Vec<Option<u64>>,
+    /// The body's usage, when a part reads it.
+    scanner: Option<Scanner>,
+}
+
+impl Tally {
+    pub(crate) fn new(meter: Meter, settler: Arc<dyn Settler>) -> Self {
+        let usage = meter.parts.iter().any(|p| p.actual.as_ref().is_some_and(Actual::reads_usage));
+        Self { meter, settler, status: None, from_headers: Vec::new(), scanner: usage.then(Scanner::new) }
+    }
+
+    /// The response head came.
+    pub(crate) fn head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        self.status = Some(status);
+        self.from_headers = self
+            .meter
+            .parts
+            .iter()
+            .map(|p| match &p.actual {
+                Some(Actual::Header(name)) => {
+                    headers.get(&**name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
+                }
+                _ => None,
+            })
+            .collect();
+    }
+
+    /// The next piece of the body.
+    pub(crate) fn feed(&mut self, data: &[u8]) {
+        if let Some(s) = &mut self.scanner {
+            s.feed(data);
+        }
+    }
+
+    /// Each part's amount: what the response said; else 0 on an error
+    /// response (nothing was served); else the estimate.
+    fn actuals(&self) -> Vec<u64> {
+        let failed = self.status.is_some_and(|s| s.is_client_error() || s.is_server_error());
+        let usage = self.scanner.as_ref().map(Scanner::usage);
+        self.meter
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let Some(actual) = &p.actual else { return p.estimate };
+                let read = match actual {
+                    Actual::Header(_) => self.from_headers.get(i).copied().flatten(),
+                    Actual::Usage(_) => usage.and_then(|u| actual.of_usage(|f| u.get(f))),
+                };
+                match read {
+                    Some(v) => v,
+                    None if failed => 0,
+                    None => p.estimate,
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let mut settle = self.settler.settle(&self.meter, self.actuals());
+        // The memory store settles at once; a store that waits finishes on
+        // the runtime. Without one, the reservation keeps its estimate until
+        // it expires.
+        if settle.as_mut().poll(&mut Context::from_waker(Waker::noop())) == Poll::Ready(()) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(settle);
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `floodgate proxy` metering an OpenAI-compatible upstream (the fake of
+//! `floodgate-testing`, started by the test): each request reserves its
+//! estimate (`max_tokens`), its response settles the tokens and the money
+//! its usage says, and the budgets are exact after every case — a JSON
+//! body, a stream (the proxy asks for its usage), a slow stream, a stream
+//! cut mid-way, an upstream error, a response without usage, a client that
+//! goes away, a request denied by one dimension — on memory and on Redis.
+
+use crate::cli;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use cli::{Served, http};
+use floodgate_testing::openai::FakeOpenAi;
+use floodgate_testing::redis::RedisServer;
+
+/// Four limits per tenant, each its own descriptor (so a peek reads each):
+/// requests, total tokens, output tokens and money (micro-dollars at 0.15
+/// per input token and 0.6 per output token).
+const RULES: &str = "domain: llm
+request_descriptors:
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: requests}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tokens}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: output}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: money}}]
+descriptors:
+  - key: requests
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: tokens
+    rate_limit:
+      unit: hour
+      requests_per_unit: 100000
+      cost: {estimate: {body: [max_completion_tokens, max_tokens], default: 500}, actual: {usage: total_tokens}}
+  - key: output
+    rate_limit:
+      unit: hour
+      requests_per_unit: 100000
+      cost: {estimate: {body: max_tokens, default: 500}, actual: {usage: completion_tokens}}
+  - key: money
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000000
+      cost:
+        estimate: {body: max_tokens, default: 500, times: 0.6, plus: 100}
+        actual: {usage: {prompt_tokens: 0.15, completion_tokens: 0.6}}
+";
+
+/// What each budget has used, as the test expects it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Used {
+    requests: u64,
+    tokens: u64,
+    output: u64,
+    money: u64,
+}
+
+impl Used {
+    /// A request whose usage was read: `prompt` and `completion` tokens.
+    fn usage(&mut self, prompt: u64, completion: u64) {
+        self.requests += 1;
+        self.tokens += prompt + completion;
+        self.output += completion;
+        self.money += (150_000 * prompt + 600_000 * completion).div_ceil(1_000_000);
+    }
+
+    /// A request that kept its estimate (`max_tokens`).
+    fn estimate(&mut self, max_tokens: u64) {
+        self.requests += 1;
+        self.tokens += max_tokens;
+        self.output += max_tokens;
+        self.money += (600_000 * max_tokens).div_ceil(1_000_000) + 100;
+    }
+}
+
+/// What the budgets say they have used (a peek of each).
+fn used(s: &Served, tenant: &str) -> Used {
+    let body = format!(
+        r#"{{"domain": "llm", "hits": 0, "descriptors": [{{"requests": "{tenant}"}}, {{"tokens": "{tenant}"}}, {{"output": "{tenant}"}}, {{"money": "{tenant}"}}]}}"#
+    );
+    let (code, text) = http(&s.http, "POST", "/v1/check", &body);
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let left = |i: usize| v["descriptors"][i]["remaining"].as_u64().unwrap();
+    Used { requests: 1000 - left(0), tokens: 100_000 - left(1), output: 100_000 - left(2), money: 1_000_000 - left(3) }
+}
+
+/// A chat completion through the proxy: (status, head, body).
+fn chat(proxy: &str, tenant: &str, fake: &str, body: &str) -> (u16, String, String) {
+    let extra = format!("x-tenant: {tenant}\r\nx-fake: {fake}\r\nx-fake-prompt: 10\r\nx-fake-completion: 20\r\n");
+    cli::http_with(proxy, "POST", "/v1/chat/completions", body, &extra)
+}
+
+/// A request for tenant acme on a raw connection, its response left to
+/// the caller (read whole, in part, or not at all).
+fn request(proxy: &str, fake: &str, body: &str) -> std::net::TcpStream {
+    let mut c = std::net::TcpStream::connect(proxy).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-tenant: acme\r\nx-fake: {fake}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+fn metered(store: &[&str], name: &str) {
+    let fake = FakeOpenAi::start();
+    let s = Served::proxy(name, RULES, &fake.url(), &[&["--domain", "llm"], store].concat());
+    let mut want = Used::default();
+    // Settles happen as responses end: wait for each (with a deadline).
+    let settled = |want: Used, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while used(&s, "acme") != want && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(used(&s, "acme"), want, "{what}");
+    };
+
+    // A JSON body: its usage settles every dimension.
+    let (code, _, body) = chat(&s.proxy, "acme", "", r#"{"model": "m", "max_tokens": 100}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"total_tokens\":30"), "{body}");
+    want.usage(10, 20);
+    settled(want, "a JSON body settles at its usage");
+
+    // A stream asking no usage: the proxy asks for it, and it settles.
+    let (code, _, body) = chat(&s.proxy, "acme", "", r#"{"model": "m", "max_tokens": 100, "stream": true}"#);
+    assert_eq!(code, 200);
+    assert!(body.contains("data: [DONE]") && body.contains("\"usage\""), "{body}");
+    let asked = fake.bodies().last().cloned().unwrap();
+    assert!(asked.contains("\"include_usage\":true"), "the proxy asked for usage: {asked}");
+    want.usage(10, 20);
+    settled(want, "a stream settles at its usage chunk");
+
+    // A slow stream: the same, once it ends.
+    let (code, _, _) = chat(&s.proxy, "acme", "slow", r#"{"max_tokens": 100, "stream": true}"#);
+    assert_eq!(code, 200);
+    want.usage(10, 20);
+    settled(want, "a slow stream settles at its usage");
+
+    // A stream cut half-way: no usage came, the estimate stays.
+    let mut c = request(&s.proxy, "cut", r#"{"max_tokens": 100, "stream": true}"#);
+    let _ = c.read_to_end(&mut Vec::new());
+    want.estimate(100);
+    settled(want, "a cut stream keeps its estimate");
+
+    // An upstream error: nothing served, the costs are given back (the
+    // request still counts).
+    let (code, _, _) = chat(&s.proxy, "acme", "error", r#"{"max_tokens": 100}"#);
+    assert_eq!(code, 500);
+    want.requests += 1;
+    settled(want, "an upstream error settles at 0");
+
+    // A body without usage: the estimate (max_completion_tokens first).
+    let (code, _, _) = chat(&s.proxy, "acme", "no-usage", r#"{"max_completion_tokens": 40, "max_tokens": 100}"#);
+    assert_eq!(code, 200);
+    want.requests += 1;
+    want.tokens += 40;
+    want.output += 100;
+    want.money += 160;
+    settled(want, "no usage: the estimates");
+
+    // A client that goes away mid-stream: the estimate stays.
+    let mut c = request(&s.proxy, "slow", r#"{"max_tokens": 100, "stream": true}"#);
+    let mut first = [0u8; 256];
+    let n = c.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    drop(c);
+    want.estimate(100);
+    settled(want, "a client gone mid-stream leaves the estimate");
+
+    // Denied by one dimension (the estimate does not fit the tokens):
+    // nothing is reserved anywhere, the request is not counted.
+    let (code, _, body) = chat(&s.proxy, "acme", "", r#"{"max_tokens": 200000}"#);
+    assert_eq!(code, 429, "{body}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(used(&s, "acme"), want, "a denied request reserves nothing");
+}
+
+#[test]
+fn the_proxy_meters_an_openai_upstream_in_memory() {
+    metered(&[], "meter-mem");
+}
+
+#[test]
+fn the_proxy_meters_an_openai_upstream_on_redis() {
+    let redis = RedisServer::start();
+    metered(&["--store", &redis.url()], "meter-redis");
+}
