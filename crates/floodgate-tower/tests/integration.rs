@@ -1,5 +1,6 @@
 //! The tower layer's integration tests, one binary for both: in an axum
 //! application and in a tonic server.
 
+mod metering;
 mod with_axum;
 mod with_tonic;
