@@ -1,0 +1,12 @@
+//! The fake OpenAI-compatible upstream as a program, for benches
+//! (`scripts/bench-metering`): prints its address, serves until killed.
+//!
+//!   cargo run --release -p floodgate-testing --example fake-openai
+
+fn main() {
+    let fake = floodgate_testing::openai::FakeOpenAi::start();
+    println!("{}", fake.addr);
+    loop {
+        std::thread::park();
+    }
+}
