@@ -5,7 +5,9 @@
 
 fn main() {
     let fake = floodgate_testing::openai::FakeOpenAi::start();
-    println!("{}", fake.addr);
+    use std::io::Write as _;
+    // The one line the bench script reads.
+    let _ = writeln!(std::io::stdout(), "{}", fake.addr);
     loop {
         std::thread::park();
     }
