@@ -335,7 +335,7 @@ pub(crate) struct ValidateArgs {
 pub(crate) struct SimulateArgs {
     /// fixed_window, sliding_log, sliding_window, sliding_buckets,
     /// token_bucket, gcra or leaky_bucket (optional with --report).
-    #[arg(long, required_unless_present_any = ["report", "goals", "regions"])]
+    #[arg(long, required_unless_present_any = ["report", "goals", "regions", "budget"])]
     pub(crate) algorithm: Option<String>,
     /// Requests (units) per window.
     #[arg(long, required_unless_present = "goals")]
@@ -361,6 +361,17 @@ pub(crate) struct SimulateArgs {
     /// an HTML page holding it). With --report, every algorithm.
     #[arg(long, value_name = "FILE.svg|FILE.html", conflicts_with_all = ["goals", "regions"])]
     pub(crate) plot: Option<String>,
+    /// Replay requests whose cost is known at their end (a trace of starts
+    /// with estimates and ends with actual costs) three ways: the exact
+    /// answer, "peek, then charge after", and "reserve, then settle"; a
+    /// fixed window of --limit per --window.
+    #[arg(long, conflicts_with_all = ["report", "plot", "algorithm", "goals", "regions"])]
+    pub(crate) budget: bool,
+    /// With --budget: generate closed-loop traces instead of reading one,
+    /// and print the over-admission of both ways by requests in flight and
+    /// estimate error, beside its bound.
+    #[arg(long, requires = "budget")]
+    pub(crate) table: bool,
     #[command(flatten)]
     pub(crate) regions: RegionSimArgs,
 }

@@ -171,3 +171,32 @@ fn refunds_and_late_charges_keep_the_cap_and_converge_across_regions() {
         assert!(c.is_some_and(|c| c <= bound), "{r}");
     }
 }
+
+/// `--budget`: a trace of starts and ends, replayed three ways. Two
+/// requests in flight on a limit of 100: peek-then-charge admits both (the
+/// budget is unused when each starts) and goes 60 over; reserve-then-settle
+/// admits the first only (its estimate leaves no room), as the exact answer
+/// does. A bad line exits 64 with its number.
+#[test]
+fn budget_replays_starts_and_ends_three_ways() {
+    let trace = "{\"at_ms\": 0, \"key\": \"acme\", \"start\": \"r1\", \"estimate\": 90}\n\
+                 {\"at_ms\": 10, \"key\": \"acme\", \"start\": \"r2\", \"estimate\": 90}\n\
+                 {\"at_ms\": 500, \"key\": \"acme\", \"end\": \"r1\", \"actual\": 80}\n\
+                 {\"at_ms\": 600, \"key\": \"acme\", \"end\": \"r2\", \"actual\": 80}\n";
+    let out = simulate(&["--budget", "--limit", "100", "--window", "1m"], trace);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let row = |name: &str| {
+        let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {stdout}"));
+        line[name.len()..].split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(row("exact (knows each cost)")[..3], ["1", "80", "0"], "{stdout}");
+    assert_eq!(row("peek, then charge after")[..3], ["2", "160", "60"], "{stdout}");
+    assert_eq!(row("reserve, then settle")[..3], ["1", "80", "0"], "{stdout}");
+    let bad = simulate(
+        &["--budget", "--limit", "100", "--window", "1m"],
+        "{\"at_ms\": 0, \"key\": \"a\", \"end\": \"x\", \"actual\": 1}\n",
+    );
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("line 1: request `x` ends but never started"));
+}

@@ -22,6 +22,7 @@ fn store() -> SimStore {
     MemoryStore::builder().clock(ManualClock::new(0)).max_keys(usize::MAX >> 1).build()
 }
 
+mod budget;
 mod plot;
 mod regions;
 
@@ -36,6 +37,13 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         return Err(Failure::usage("give --limit and --window"));
     };
     let window = parse_duration(window).map_err(|e| Failure::usage(format!("--window: {e}")))?;
+    if args.budget {
+        let stdout = BufWriter::new(io::stdout().lock());
+        return match args.table {
+            true => budget::table(stdout, limit, window, 1),
+            false => budget::run(io::stdin().lock(), stdout, limit, window),
+        };
+    }
     let mode = args.mode.as_deref().map(str::parse::<LeakyMode>).transpose().map_err(usage("--mode"))?;
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     // With --plot the trace is read whole first: it is replayed once for
@@ -325,6 +333,8 @@ mod tests {
             mode: None,
             report: true,
             plot: None,
+            budget: false,
+            table: false,
             regions: crate::cli::RegionSimArgs::default(),
         };
         let limits = report_limits(&args, 2, Duration::from_secs(1), None).unwrap();
