@@ -1,9 +1,10 @@
 //! The reverse proxy's request head: raw bytes from a client through hyper
 //! (HTTP/1, as `proxy` serves it), the rate-limit layer (client address,
 //! `X-Forwarded-For` from a trusted peer, descriptors from headers, the
-//! path, the method and the authority) and the forwarder (the upstream is
-//! a closed port: an admitted request gets a 502). Never a panic, a hang
-//! or a 500.
+//! path, the method and the authority), metering (a tokens limit whose
+//! estimate is read from the request's JSON body or a header) and the
+//! forwarder (the upstream is a closed port: an admitted request gets a
+//! 502, and its reservation settles at 0). Never a panic, a hang or a 500.
 #![no_main]
 
 mod common;
@@ -26,6 +27,7 @@ const RULES: &[(&str, &str)] = &[(
     r#"domain: proxy
 request_descriptors:
   - actions: [{remote_address: {}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
   - actions:
       - request_headers: {header_name: X-Api-Key, descriptor_key: api_key}
       - request_headers: {header_name: ":path", descriptor_key: path, skip_if_absent: true}
@@ -47,6 +49,14 @@ descriptors:
     descriptors:
       - key: host
         rate_limit: {algorithm: token_bucket, window: 10s, requests_per_unit: 3, burst: 6}
+  - key: tenant
+    rate_limits:
+      - unit: hour
+        requests_per_unit: 100000
+        cost: {estimate: {body: [max_completion_tokens, max_tokens], default: 500}, actual: {usage: total_tokens}}
+      - unit: hour
+        requests_per_unit: 1000
+        cost: {estimate: {header: x-estimate, default: 5, times: 0.5, plus: 1}, actual: {header: x-cost}}
 "#,
 )];
 
@@ -75,7 +85,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
 
 fuzz_target!(|data: &[u8]| {
     let fx = &*FIXTURE;
-    let svc = fx.layer.layer(fx.forward.clone());
+    let svc = fx.layer.clone().metered().layer(fx.forward.clone());
     let peer: SocketAddr = ([127, 0, 0, 1], 40000).into();
     fx.rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(1 << 16);
