@@ -23,12 +23,13 @@
 //! with the same amounts answers the first settle's result ([`Claim::Again`]);
 //! with other amounts it is a conflict ([`ReservationError::Conflict`]). A
 //! reservation's record outlives its expiry by [`RETAIN_AFTER_EXPIRY`] × its
-//! ttl, so a late settle can still be charged; after that it is unknown.
+//! ttl, so a late settle can still be charged; after that it is unknown. A
+//! settled record stays [`SETTLED_KEPT_US`] (a minute), for a settle sent
+//! again.
 //!
 //! This module holds the rules and the in-process ledger; the stores apply
 //! the adjustments (a late charge, a return) to their counters.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -38,6 +39,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// of its ttl after its expiry: a settle that comes this late is still
 /// charged its excess; one that comes later is answered "unknown".
 pub const RETAIN_AFTER_EXPIRY: u64 = 1;
+
+/// How long a settled reservation's record stays to answer the same
+/// settle again (µs): a minute, or until it would have gone unsettled if
+/// that is sooner. A settle sent later is answered "unknown". (Kept for its
+/// whole retention, settled records would fill the store at a few thousand
+/// reservations a second.)
+pub const SETTLED_KEPT_US: u64 = 60_000_000;
 
 /// A reservation's name: 128 bits, unguessable in practice (from the
 /// process's random hash keys and a counter), written as 32 lowercase hex
@@ -49,24 +57,27 @@ impl ReservationId {
     /// A new id, never the same twice in this process and random across
     /// processes.
     pub fn new() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        static KEYS: std::sync::OnceLock<(std::collections::hash_map::RandomState, u64)> = std::sync::OnceLock::new();
-        let (state, start) = KEYS.get_or_init(|| {
-            let state = std::collections::hash_map::RandomState::new();
-            let start = state.hash_one(crate::Clock::now_us(&crate::SystemClock::new()));
-            (state, start)
-        });
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let half = |salt: u64| {
-            let mut h = state.build_hasher();
-            h.write_u64(*start);
-            h.write_u64(n);
-            h.write_u64(salt);
-            h.finish()
-        };
-        ReservationId((u128::from(half(1)) << 64) | u128::from(half(2)))
+        ReservationId((u128::from(random_half(1)) << 64) | u128::from(random_half(2)))
     }
+}
+
+/// 64 bits never drawn twice in this process (for a `salt`) and random
+/// across processes: a counter hashed with the process's random keys.
+fn random_half(salt: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    static KEYS: std::sync::OnceLock<(std::collections::hash_map::RandomState, u64)> = std::sync::OnceLock::new();
+    let (state, start) = KEYS.get_or_init(|| {
+        let state = std::collections::hash_map::RandomState::new();
+        let start = state.hash_one(crate::Clock::now_us(&crate::SystemClock::new()));
+        (state, start)
+    });
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut h = state.build_hasher();
+    h.write_u64(*start);
+    h.write_u64(n);
+    h.write_u64(salt);
+    h.finish()
 }
 
 impl Default for ReservationId {
@@ -173,7 +184,7 @@ pub struct Reservation<P, R> {
     /// once settled: the answer says all a settle sent again needs).
     pub parts: Vec<Part<P>>,
     /// The amounts it was settled at (one per part), and the answer given.
-    pub settled: Option<(Vec<u64>, R)>,
+    pub settled: Option<(Amounts<u64>, R)>,
     /// When the record may be dropped: when every part's may.
     retain_until_us: u64,
 }
@@ -236,11 +247,14 @@ pub fn amounts(parts: usize, actual: &[u64]) -> Result<Vec<u64>, ReservationErro
     }
 }
 
+/// One value per part of a reservation (most have a few: kept inline).
+pub type Amounts<T> = smallvec::SmallVec<[T; 4]>;
+
 /// What a settle may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim<R> {
     /// Settle now: each part's adjustment, in order.
-    First(Vec<Adjust>),
+    First(Amounts<Adjust>),
     /// Settled before with these amounts: the first settle's answer.
     Again(R),
 }
@@ -248,8 +262,13 @@ pub enum Claim<R> {
 impl<P, R: Clone> Reservation<P, R> {
     /// The amounts per part for `actual`: one amount for every part, or one
     /// per part.
-    pub fn amounts(&self, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
-        amounts(self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len()), actual)
+    pub fn amounts(&self, actual: &[u64]) -> Result<Amounts<u64>, ReservationError> {
+        let parts = self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len());
+        match actual {
+            [one] => Ok(smallvec::smallvec![*one; parts]),
+            many if many.len() == parts => Ok(Amounts::from_slice(many)),
+            many => Err(ReservationError::Amounts { parts, given: many.len() }),
+        }
     }
 
     /// Claim the settle at `actual` at `now_us`: the adjustments to make
@@ -261,13 +280,14 @@ impl<P, R: Clone> Reservation<P, R> {
             return if *settled == amounts {
                 Ok(Claim::Again(answer.clone()))
             } else {
-                Err(ReservationError::Conflict { settled: settled.clone() })
+                Err(ReservationError::Conflict { settled: settled.to_vec() })
             };
         }
         Ok(Claim::First(self.parts.iter().zip(&amounts).map(|(p, &a)| p.adjust(a, now_us)).collect()))
     }
 
-    /// When the record may be dropped: when every part's may.
+    /// When the record may be dropped: when every part's may, or (settled)
+    /// [`SETTLED_KEPT_US`] after its settle if that is sooner.
     pub fn retained_until_us(&self) -> u64 {
         self.retain_until_us
     }
@@ -319,8 +339,8 @@ pub struct Settled {
 
 /// The checks that adjust `parts` as `adjust` says, one per part (a peek
 /// for [`Adjust::Nothing`]: the answer reads every part's counter).
-pub fn adjustments<'a>(parts: &'a [Part<Held>], adjust: &[Adjust]) -> Vec<crate::Check<'a>> {
-    let mut checks = Vec::with_capacity(parts.len());
+pub fn adjustments<'a>(parts: &'a [Part<Held>], adjust: &[Adjust]) -> Amounts<crate::Check<'a>> {
+    let mut checks = Amounts::with_capacity(parts.len());
     for (p, a) in parts.iter().zip(adjust) {
         let (hits, op) = match *a {
             Adjust::Nothing => (0, crate::Op::Take),
@@ -372,11 +392,16 @@ pub fn settled(
     Settled { parts, again: false }
 }
 
-/// Reservations kept in this process (the memory store's): sharded by id,
-/// each record dropped once [`Reservation::retained_until_us`] has passed
-/// (when met; and each shard keeps its ids in the order they came, so an
-/// insert drops the ones whose time has passed from the front: no scan),
-/// at most [`MAX_RESERVATIONS`] at once.
+/// Reservations kept in this process (the memory store's): in sharded
+/// slabs, each record dropped once [`Reservation::retained_until_us`] has
+/// passed (when met; and each shard keeps its records in the order they
+/// came, so an insert drops the ones whose time has passed from the front:
+/// no scan), at most [`MAX_RESERVATIONS`] at once.
+///
+/// A record's id names its place: its shard, its slot and the slot's
+/// generation (a slot is reused once its record has gone), beside 64 random
+/// bits that make it unguessable; a settle finds it without hashing, and
+/// slots are reused while hot in the cache.
 #[derive(Debug)]
 pub struct Ledger<P, R> {
     shards: Box<[Mutex<Records<P, R>>]>,
@@ -384,6 +409,8 @@ pub struct Ledger<P, R> {
     held: std::sync::atomic::AtomicUsize,
     /// When a full ledger may next sweep every shard (µs).
     next_full_sweep_us: AtomicU64,
+    /// The shard of the next insert (round robin).
+    next_shard: std::sync::atomic::AtomicUsize,
     /// The most records held at once.
     max: usize,
 }
@@ -393,28 +420,91 @@ pub struct Ledger<P, R> {
 /// bytes: about 300 MiB at the bound.
 pub const MAX_RESERVATIONS: usize = 1 << 20;
 
+/// Shards of a ledger (at most 256: an id names its shard in 8 bits).
+const SHARDS: usize = 16;
+
+/// A slot's generation: 24 bits of an id.
+const GENERATIONS: u32 = 1 << 24;
+
+/// One place of a shard: its generation, the random half of its record's
+/// id, and the record (`None`: free).
+#[derive(Debug)]
+struct Slot<P, R> {
+    generation: u32,
+    tag: u64,
+    record: Option<Reservation<P, R>>,
+}
+
 #[derive(Debug)]
 struct Records<P, R> {
-    map: HashMap<ReservationId, Reservation<P, R>>,
-    /// Each record's id with when it may be dropped, in the order they
-    /// came. Not sorted when ttls differ: a record behind a longer-lived
-    /// one waits for it (at most the longest ttl twice).
-    order: std::collections::VecDeque<(u64, ReservationId)>,
+    slots: Vec<Slot<P, R>>,
+    /// Free slots.
+    free: Vec<u32>,
+    /// Each record's slot and generation with when it may be dropped, in
+    /// the order they came. Not sorted when ttls differ: a record behind a
+    /// longer-lived one waits for it (at most the longest ttl twice).
+    order: std::collections::VecDeque<(u64, u32, u32)>,
+    /// The same for settled records, in the order they were settled (kept
+    /// [`SETTLED_KEPT_US`]: sorted).
+    settled: std::collections::VecDeque<(u64, u32, u32)>,
+}
+
+/// Where an id says its record is: (shard, slot, generation, tag).
+fn place(id: ReservationId) -> (usize, u32, u32, u64) {
+    let low = id.0 as u64;
+    ((low >> 56) as usize, low as u32, ((low >> 32) as u32) & (GENERATIONS - 1), (id.0 >> 64) as u64)
 }
 
 impl<P, R> Records<P, R> {
-    /// Drop the records at the front whose time has passed at `now_us`;
-    /// how many.
+    /// The record in `slot` of `generation` and `tag`, if it is there.
+    fn get_mut(&mut self, slot: u32, generation: u32, tag: u64) -> Option<&mut Reservation<P, R>> {
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation || s.tag != tag {
+            return None;
+        }
+        s.record.as_mut()
+    }
+
+    /// Free `slot` (its record dropped); whether it held one.
+    fn free(&mut self, slot: u32) -> bool {
+        let s = &mut self.slots[slot as usize];
+        let held = s.record.take().is_some();
+        if held {
+            s.generation = (s.generation + 1) % GENERATIONS;
+            self.free.push(slot);
+        }
+        held
+    }
+
+    /// Drop the records at the front of either queue whose time has passed
+    /// at `now_us`; how many.
     fn expire(&mut self, now_us: u64) -> usize {
         let mut dropped = 0;
-        while let Some(&(until, id)) = self.order.front() {
-            if until > now_us {
-                break;
+        for settled in [false, true] {
+            loop {
+                let queue = if settled { &mut self.settled } else { &mut self.order };
+                let Some(&(until, slot, generation)) = queue.front() else { break };
+                if until > now_us {
+                    break;
+                }
+                queue.pop_front();
+                // A slot freed early (settled, or a settle after its
+                // retention) may hold a later record: only this
+                // generation's goes.
+                if self.slots[slot as usize].generation == generation && self.free(slot) {
+                    dropped += 1;
+                }
             }
-            self.order.pop_front();
-            if self.map.remove(&id).is_some() {
-                dropped += 1;
-            }
+        }
+        // Settled records leave their first entry behind: when those pile
+        // up, keep only the live ones (amortized: the queue at least
+        // halves).
+        if self.order.len() > 1024 && self.order.len() > 2 * (self.slots.len() - self.free.len()) {
+            let slots = &self.slots;
+            self.order.retain(|&(_, slot, generation)| {
+                let s = &slots[slot as usize];
+                s.generation == generation && s.record.is_some()
+            });
         }
         dropped
     }
@@ -423,33 +513,53 @@ impl<P, R> Records<P, R> {
 impl<P, R> Default for Ledger<P, R> {
     fn default() -> Self {
         Ledger {
-            shards: (0..16)
-                .map(|_| Mutex::new(Records { map: HashMap::new(), order: std::collections::VecDeque::new() }))
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Records {
+                        slots: Vec::new(),
+                        free: Vec::new(),
+                        order: std::collections::VecDeque::new(),
+                        settled: std::collections::VecDeque::new(),
+                    })
+                })
                 .collect(),
             held: std::sync::atomic::AtomicUsize::new(0),
             next_full_sweep_us: AtomicU64::new(0),
+            next_shard: std::sync::atomic::AtomicUsize::new(0),
             max: MAX_RESERVATIONS,
         }
     }
 }
 
 impl<P, R: Clone> Ledger<P, R> {
-    fn shard(&self, id: ReservationId) -> std::sync::MutexGuard<'_, Records<P, R>> {
-        let i = (id.0 as usize) % self.shards.len();
-        self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self, shard: usize) -> std::sync::MutexGuard<'_, Records<P, R>> {
+        self.shards[shard].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Keep `r` under a new id at `now_us`.
     pub fn insert(&self, r: Reservation<P, R>, now_us: u64) -> ReservationId {
-        let id = ReservationId::new();
+        let tag = random_half(3);
         let until = r.retained_until_us();
-        let mut shard = self.shard(id);
-        let dropped = shard.expire(now_us);
+        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        let mut records = self.lock(shard);
+        let dropped = records.expire(now_us);
         self.held.fetch_sub(dropped, Ordering::Relaxed);
-        shard.map.insert(id, r);
-        shard.order.push_back((until, id));
+        let slot = match records.free.pop() {
+            Some(slot) => slot,
+            None => {
+                records.slots.push(Slot { generation: 0, tag: 0, record: None });
+                u32::try_from(records.slots.len() - 1).expect("fewer than 2^32 slots (MAX_RESERVATIONS)")
+            }
+        };
+        let s = &mut records.slots[slot as usize];
+        s.tag = tag;
+        s.record = Some(r);
+        let generation = s.generation;
+        records.order.push_back((until, slot, generation));
+        drop(records);
         self.held.fetch_add(1, Ordering::Relaxed);
-        id
+        let low = ((shard as u64) << 56) | (u64::from(generation) << 32) | u64::from(slot);
+        ReservationId((u128::from(tag) << 64) | u128::from(low))
     }
 
     /// A ledger of at most `max` records.
@@ -487,23 +597,35 @@ impl<P, R: Clone> Ledger<P, R> {
         now_us: u64,
         apply: impl FnOnce(&[Part<P>], &[u64], &[Adjust]) -> R,
     ) -> Result<(R, bool), ReservationError> {
-        let mut shard = self.shard(id);
-        let Some(r) = shard.map.get_mut(&id).filter(|r| now_us < r.retained_until_us()) else {
-            if shard.map.remove(&id).is_some() {
-                self.held.fetch_sub(1, Ordering::Relaxed);
-            }
+        let (shard, slot, generation, tag) = place(id);
+        if shard >= self.shards.len() {
             return Err(ReservationError::Unknown);
+        }
+        let mut records = self.lock(shard);
+        let retained = match records.get_mut(slot, generation, tag) {
+            None => return Err(ReservationError::Unknown),
+            Some(r) => now_us < r.retained_until_us(),
         };
-        match r.claim(actual, now_us)? {
-            Claim::Again(answer) => Ok((answer, true)),
+        if !retained {
+            records.free(slot);
+            self.held.fetch_sub(1, Ordering::Relaxed);
+            return Err(ReservationError::Unknown);
+        }
+        let r = records.get_mut(slot, generation, tag).expect("found above, under the same lock");
+        let answer = match r.claim(actual, now_us)? {
+            Claim::Again(answer) => return Ok((answer, true)),
             Claim::First(adjust) => {
                 let amounts = r.amounts(actual)?;
                 let answer = apply(&r.parts, &amounts, &adjust);
                 r.settled = Some((amounts, answer.clone()));
                 r.parts = Vec::new();
-                Ok((answer, false))
+                r.retain_until_us = r.retain_until_us.min(now_us.saturating_add(SETTLED_KEPT_US));
+                answer
             }
-        }
+        };
+        let until = records.get_mut(slot, generation, tag).map_or(now_us, |r| r.retain_until_us);
+        records.settled.push_back((until, slot, generation));
+        Ok((answer, false))
     }
 
     /// Drop the records whose retention has passed at `now_us`; how many.
@@ -643,8 +765,8 @@ mod tests {
     #[test]
     fn amounts_are_one_for_all_or_one_per_part() {
         let r = reservation(&[10, 20]);
-        assert_eq!(r.amounts(&[5]).unwrap(), vec![5, 5]);
-        assert_eq!(r.amounts(&[5, 25]).unwrap(), vec![5, 25]);
+        assert_eq!(r.amounts(&[5]).unwrap().as_slice(), [5, 5]);
+        assert_eq!(r.amounts(&[5, 25]).unwrap().as_slice(), [5, 25]);
         assert_eq!(r.amounts(&[1, 2, 3]), Err(ReservationError::Amounts { parts: 2, given: 3 }));
         assert_eq!(r.amounts(&[]), Err(ReservationError::Amounts { parts: 2, given: 0 }));
     }
@@ -687,6 +809,57 @@ mod tests {
         assert_eq!(ledger.sweep(600 * S), 2);
         assert_eq!(ledger.settle(gone, &[15], 600 * S, |_, _, _| unreachable!()), Err(ReservationError::Unknown));
         assert!(ledger.is_empty());
+    }
+
+    #[test]
+    fn a_settled_record_answers_again_for_a_minute_then_goes() {
+        let ledger: Ledger<&'static str, String> = Ledger::default();
+        let id = ledger.insert(reservation(&[10]), 0);
+        let settle = |now| ledger.settle(id, &[4], now, |_, _, a| format!("{a:?}"));
+        let first = settle(10 * S).unwrap();
+        assert_eq!(settle(69 * S).unwrap(), (first.0, true), "sent again within the minute");
+        assert_eq!(ledger.sweep(69 * S), 0);
+        assert_eq!(ledger.sweep(70 * S), 1, "a minute after its settle, not at 600 s");
+        assert_eq!(settle(70 * S), Err(ReservationError::Unknown));
+        assert!(ledger.is_empty());
+        // Settled records do not pile up their first entries.
+        for i in 0..40_000 {
+            let id = ledger.insert(reservation(&[1]), i);
+            ledger.settle(id, &[1], i, |_, _, _| String::new()).unwrap();
+        }
+        // A minute on, an insert in each shard drops the settled records.
+        for _ in 0..SHARDS {
+            ledger.insert(reservation(&[1]), 100 * S);
+        }
+        assert_eq!(ledger.len(), SHARDS);
+        let queued: usize = ledger.shards.iter().map(|s| s.lock().unwrap().order.len()).sum();
+        assert!(queued <= 2 * SHARDS, "{queued} entries queued for {SHARDS} records");
+    }
+
+    #[test]
+    fn a_reused_slot_answers_only_its_own_record() {
+        let ledger: Ledger<&'static str, String> = Ledger::default();
+        // One shard's first slot, dropped at 600 s.
+        let old = ledger.insert(reservation(&[10]), 0);
+        assert_eq!(ledger.sweep(600 * S), 1);
+        // Its slot is reused (a shard every insert: go round to it).
+        let later = || {
+            let part = Part { payload: "k", estimate: 10, taken_at_us: 600 * S, expires_at_us: 900 * S };
+            Reservation::new(vec![part])
+        };
+        let new = ledger.insert(later(), 600 * S);
+        let again =
+            (0..SHARDS).map(|_| ledger.insert(later(), 600 * S)).find(|id| place(*id).0 == place(old).0).unwrap();
+        assert_eq!((place(again).0, place(again).1), (place(old).0, place(old).1), "the same slot");
+        assert_ne!(place(again).2, place(old).2, "another generation");
+        let settle = |id| ledger.settle(id, &[1], 601 * S, |_, _, a| format!("{a:?}"));
+        assert_eq!(settle(old), Err(ReservationError::Unknown), "the old record's id");
+        assert!(settle(again).is_ok());
+        assert!(settle(new).is_ok());
+        // The right place with another random half is no one's.
+        let forged = ReservationId(again.0 ^ (1u128 << 100));
+        assert_eq!(settle(forged), Err(ReservationError::Unknown));
+        assert_eq!(settle(ReservationId(u128::MAX)), Err(ReservationError::Unknown), "no such shard");
     }
 
     #[test]

@@ -227,6 +227,9 @@ local out, o = {}, 0
 -- the parts, and nil, or 2 (a part unknown) or 3 (settled at another
 -- amount), nothing changed. A part: { again (1/0), late, returned, expired
 -- (1/0), remaining, reset, actual }.
+-- How long a settled record is kept (µs): reservation::SETTLED_KEPT_US.
+local SETTLED_KEPT_US = 60000000
+
 local function settle_prepare(a, k, n, rid, now)
   local parts = {}
   local settled, conflict = 0, false
@@ -293,13 +296,17 @@ end
 
 -- A settle decided (its answers after out[head]): each part recorded as
 -- settled, and the answers rewritten as a settle's.
-local function settle_record(k, rid, parts, head)
+local function settle_record(k, rid, parts, head, now)
   for i, p in ipairs(parts) do
     local at = head + 1 + 5 * (i - 1)
     if p[1] == 0 then
       p[5], p[6] = out[at + 1], out[at + 2]
+      -- A settled record answers the same settle again for a minute (or
+      -- until it would have gone anyway).
+      local kept = math.min(p[8], now + SETTLED_KEPT_US)
       redis.call('SET', KEYS[k + i] .. ':r:' .. rid, '=' .. int(p[7]) .. ' ' .. int(p[2]) .. ' ' .. int(p[3]) .. ' '
-        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]) .. ' ' .. int(p[8]), 'KEEPTTL')
+        .. p[4] .. ' ' .. int(p[5]) .. ' ' .. int(p[6]) .. ' ' .. int(kept),
+        'PX', int(math.floor((kept - now) / 1000) + TTL_SLACK_MS))
     end
     out[at], out[at + 1], out[at + 2], out[at + 3], out[at + 4] = p[1] + 2 * p[4], p[2], p[3], p[5], p[6]
   end
@@ -432,7 +439,7 @@ while a <= #ARGV do
       end
     end
     if mode and mode[1] == 'r' and not denied then reserve_keep(a, k, n, mode, head, now) end
-    if parts then settle_record(k, mode[2], parts, head) end
+    if parts then settle_record(k, mode[2], parts, head, now) end
   end
   a, k = a + 2 + STRIDE * n, k + n + extra(mode)
 end

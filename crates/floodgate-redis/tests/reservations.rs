@@ -20,8 +20,11 @@ use proptest::prelude::*;
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * SEC;
-/// Each reservation's ttl: short enough that traces pass it.
+/// Each reservation's ttls: the first part's short enough that traces pass
+/// it; the second's long enough that a settled record is dropped a minute
+/// after its settle, before its retention ends.
 const TTL: u64 = 3 * SEC;
+const TTLS: [u64; 2] = [TTL, 100 * SEC];
 
 fn limits() -> Vec<Limit> {
     let l = |a, n| Limit::new(a, n, Duration::from_secs(2)).unwrap();
@@ -50,6 +53,9 @@ enum Step {
     Decide { dt: u64, hits: u64 },
     /// A settle of a reservation never made.
     Unknown { dt: u64 },
+    /// Time passes (30 to 90 s): settled records go a minute after their
+    /// settle.
+    Wait { dt: u64 },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -60,6 +66,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(dt, which, a, b, one)| Step::Settle { dt, which, a, b, one }),
         2 => (dt.clone(), 0..6u64).prop_map(|(dt, hits)| Step::Decide { dt, hits }),
         1 => dt.prop_map(|dt| Step::Unknown { dt }),
+        1 => (30 * SEC..90 * SEC).prop_map(|dt| Step::Wait { dt }),
     ]
 }
 
@@ -102,6 +109,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, case: u64, pair: &[Limi
             Step::Reserve { dt, a, b } => (dt, [a, b], "reserve"),
             Step::Decide { dt, hits } => (dt, [hits, hits], "decide"),
             Step::Settle { dt, .. } | Step::Unknown { dt } => (dt, [0, 0], "settle"),
+            Step::Wait { dt } => (dt, [0, 0], "wait"),
         };
         now += dt;
         clock.set(now);
@@ -119,9 +127,9 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, case: u64, pair: &[Limi
         match (op, s) {
             ("reserve", _) => {
                 let (mut m, mut r) = (Vec::new(), Vec::new());
-                let mid = ready_at_once(memory.reserve(&checks, &[TTL, TTL], &mut m)).map(Result::unwrap);
+                let mid = ready_at_once(memory.reserve(&checks, &TTLS, &mut m)).map(Result::unwrap);
                 let std::task::Poll::Ready(mid) = mid else { unreachable!("the memory store answers at once") };
-                let rid = rt.block_on(redis.reserve_at(&checks, &[TTL, TTL], Some(now), &mut r)).unwrap();
+                let rid = rt.block_on(redis.reserve_at(&checks, &TTLS, Some(now), &mut r)).unwrap();
                 let (ms, rs): (Vec<_>, Vec<_>) = (m.iter().map(seen).collect(), r.iter().map(seen).collect());
                 assert_eq!(rs, ms, "{at}: reserve's decisions, redis then memory");
                 assert_eq!(rid.is_some(), mid.is_some(), "{at}: a reservation kept by one store only");
@@ -136,6 +144,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, case: u64, pair: &[Limi
                 let (ms, rs): (Vec<_>, Vec<_>) = (m.iter().map(seen).collect(), r.iter().map(seen).collect());
                 assert_eq!(rs, ms, "{at}: decisions, redis then memory");
             }
+            ("wait", _) => {}
             (_, Step::Settle { which, a, b, one, .. }) if !made.is_empty() => {
                 let (m, r) = made[which % made.len()];
                 let actual: Vec<u64> = if *one { vec![*a] } else { vec![*a, *b] };

@@ -23,6 +23,9 @@ pub const MAX_USAGE: usize = 16 * 1024;
 
 const KEY: &[u8] = b"\"usage\"";
 
+/// The key's searcher, built once.
+static FINDER: std::sync::LazyLock<memmem::Finder<'static>> = std::sync::LazyLock::new(|| memmem::Finder::new(KEY));
+
 /// The usage fields seen in a body so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Usage {
@@ -69,12 +72,13 @@ enum State {
 /// Finds `usage` objects in a body fed to it piece by piece.
 #[derive(Debug)]
 pub struct Scanner {
-    finder: memmem::Finder<'static>,
     state: State,
     /// The object so far, while in one.
     object: Vec<u8>,
-    /// The last bytes of the previous piece (a key split between pieces).
-    tail: Vec<u8>,
+    /// The last bytes of the previous piece (a key split between pieces),
+    /// and how many.
+    tail: [u8; 2 * KEY.len()],
+    tail_len: usize,
     usage: Usage,
 }
 
@@ -88,10 +92,10 @@ impl Scanner {
     /// A scanner that has seen nothing.
     pub fn new() -> Self {
         Self {
-            finder: memmem::Finder::new(KEY),
             state: State::Search,
             object: Vec::new(),
-            tail: Vec::with_capacity(2 * KEY.len()),
+            tail: [0; 2 * KEY.len()],
+            tail_len: 0,
             usage: Usage::default(),
         }
     }
@@ -116,32 +120,33 @@ impl Scanner {
     fn search<'p>(&mut self, piece: &'p [u8]) -> &'p [u8] {
         // A key split between the previous piece and this one.
         // (The tail is shorter than the key: a match ends in this piece.)
-        if !self.tail.is_empty() {
-            let take = piece.len().min(KEY.len() - 1);
-            let tail_len = self.tail.len();
-            self.tail.extend_from_slice(&piece[..take]);
-            if let Some(at) = self.finder.find(&self.tail) {
-                self.tail.clear();
+        if self.tail_len > 0 {
+            let (tail_len, take) = (self.tail_len, piece.len().min(KEY.len() - 1));
+            let joined = tail_len + take;
+            self.tail[tail_len..joined].copy_from_slice(&piece[..take]);
+            self.tail_len = 0;
+            if let Some(at) = FINDER.find(&self.tail[..joined]) {
                 self.state = State::Colon;
                 return &piece[at + KEY.len() - tail_len..];
             }
             if take == piece.len() {
                 // A short piece: the tail is its last bytes and the ones
                 // before.
-                let excess = self.tail.len().saturating_sub(KEY.len() - 1);
-                self.tail.drain(..excess);
+                let keep = joined.min(KEY.len() - 1);
+                self.tail.copy_within(joined - keep..joined, 0);
+                self.tail_len = keep;
                 return &[];
             }
-            self.tail.clear();
         }
-        match self.finder.find(piece) {
+        match FINDER.find(piece) {
             Some(at) => {
                 self.state = State::Colon;
                 &piece[at + KEY.len()..]
             }
             None => {
                 let keep = piece.len().min(KEY.len() - 1);
-                self.tail.extend_from_slice(&piece[piece.len() - keep..]);
+                self.tail[..keep].copy_from_slice(&piece[piece.len() - keep..]);
+                self.tail_len = keep;
                 &[]
             }
         }

@@ -87,6 +87,9 @@ impl Tally {
     /// The response head came.
     pub(crate) fn head(&mut self, status: StatusCode, headers: &HeaderMap) {
         self.status = Some(status);
+        if !self.meter.parts.iter().any(|p| matches!(p.actual, Some(Actual::Header(_)))) {
+            return;
+        }
         self.from_headers = self
             .meter
             .parts
