@@ -35,11 +35,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tonic::Status;
 use tonic::codegen::{Body, BoxFuture, StdError};
-use tonic::{Response, Status};
 
 use crate::Backend;
 use crate::protocol::json::ms;
+use crate::protocol::unary::unary;
 use crate::service::{Descriptor, Request, ReserveError, Service};
 use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 
@@ -331,45 +332,8 @@ fn settle_response(id: ReservationId, s: &Settled) -> SettleResponse {
     }
 }
 
-/// One unary method of the service.
-struct Method<S, F>(BudgetServer<S>, F);
-
-impl<S, Req, Resp, F, Fut> tonic::server::UnaryService<Req> for Method<S, F>
-where
-    S: Backend,
-    F: Fn(BudgetServer<S>, Req) -> Fut + Clone,
-    Fut: std::future::Future<Output = Result<Resp, Status>> + Send + 'static,
-{
-    type Response = Resp;
-    type Future = BoxFuture<Response<Resp>, Status>;
-
-    fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
-        let fut = (self.1)(self.0.clone(), request.into_inner());
-        Box::pin(async move { fut.await.map(Response::new) })
-    }
-}
-
 /// Requests are small: 64 KiB, as the HTTP API's body limit.
 const MAX_MESSAGE: usize = 64 * 1024;
-
-async fn unary<S, Req, Resp, F, Fut, B>(
-    server: BudgetServer<S>,
-    f: F,
-    req: http::Request<B>,
-) -> http::Response<tonic::body::Body>
-where
-    S: Backend,
-    Req: prost::Message + Default + Send + 'static,
-    Resp: prost::Message + Send + 'static,
-    F: Fn(BudgetServer<S>, Req) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<Resp, Status>> + Send + 'static,
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
-    let mut grpc = tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(MAX_MESSAGE), None);
-    grpc.unary(Method(server, f), req).await
-}
 
 impl<S: Backend, B> tonic::codegen::Service<http::Request<B>> for BudgetServer<S>
 where
@@ -388,15 +352,21 @@ where
         let server = self.clone();
         match req.uri().path() {
             "/floodgate.budget.v1.Budget/Reserve" => Box::pin(async move {
-                Ok(unary(server, |s: BudgetServer<S>, r: ReserveRequest| async move { s.reserve(r).await }, req).await)
+                Ok(unary(
+                    server,
+                    |s: BudgetServer<S>, r: ReserveRequest| async move { s.reserve(r).await },
+                    req,
+                    MAX_MESSAGE,
+                )
+                .await)
             }),
             "/floodgate.budget.v1.Budget/Settle" => Box::pin(async move {
                 let f = |s: BudgetServer<S>, r: SettleRequest| async move { s.settle(&r.reservation, &r.actual).await };
-                Ok(unary(server, f, req).await)
+                Ok(unary(server, f, req, MAX_MESSAGE).await)
             }),
             "/floodgate.budget.v1.Budget/Cancel" => Box::pin(async move {
                 let f = |s: BudgetServer<S>, r: CancelRequest| async move { s.settle(&r.reservation, &[0]).await };
-                Ok(unary(server, f, req).await)
+                Ok(unary(server, f, req, MAX_MESSAGE).await)
             }),
             _ => Box::pin(async move {
                 Ok(Status::unimplemented("floodgate.budget.v1.Budget has Reserve, Settle and Cancel").into_http())

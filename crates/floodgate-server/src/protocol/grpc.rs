@@ -8,15 +8,13 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate_core::Store;
 use floodgate_core::rules::Unit;
 
 use crate::metrics::Protocol;
+use crate::protocol::unary::{BoxFuture, StdError, unary};
 use crate::service::{Decided, Descriptor, LimitOverride, Request, Service};
 use floodgate_core::headers::HeaderMode;
 
@@ -29,23 +27,67 @@ pub struct Rls<S> {
 
 impl<S: Store + 'static> Rls<S> {
     /// The tonic service, ready to add to a server.
-    pub fn server(service: Arc<Service<S>>, headers: HeaderMode) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(Rls { service, headers })
+    pub fn server(service: Arc<Service<S>>, headers: HeaderMode) -> RlsServer<S> {
+        RlsServer(Arc::new(Rls { service, headers }))
     }
-}
 
-#[tonic::async_trait]
-impl<S: Store + 'static> RateLimitService for Rls<S> {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let req = from_proto(request.into_inner());
+    /// `ShouldRateLimit`.
+    pub async fn should_rate_limit(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let req = from_proto(request);
         match self.service.decide(&req, Protocol::Grpc).await {
-            Ok(answer) => Ok(tonic::Response::new(to_proto(&answer, self.headers))),
+            Ok(answer) => Ok(to_proto(&answer, self.headers)),
             Err(e) => Err(tonic::Status::invalid_argument(e.to_string())),
         }
     }
+}
+
+/// The RLS service as tonic serves it: `ShouldRateLimit`, served with
+/// buffers that fit its messages ([`crate::protocol::unary`]), in place of
+/// `envoy-types`' generated server (same path, same messages).
+#[derive(Debug)]
+pub struct RlsServer<S>(Arc<Rls<S>>);
+
+impl<S> Clone for RlsServer<S> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+/// RLS requests may carry many descriptors: tonic's default bound, 4 MiB.
+const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+impl<S: Store + 'static, B> tonic::codegen::Service<http::Request<B>> for RlsServer<S>
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let rls = Arc::clone(&self.0);
+        if req.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async move {
+                Ok(tonic::Status::unimplemented("envoy.service.ratelimit.v3.RateLimitService has ShouldRateLimit")
+                    .into_http())
+            });
+        }
+        Box::pin(async move {
+            let f = |rls: Arc<Rls<S>>, r: RateLimitRequest| async move { rls.should_rate_limit(r).await };
+            Ok(unary(rls, f, req, MAX_MESSAGE).await)
+        })
+    }
+}
+
+impl<S> tonic::server::NamedService for RlsServer<S> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
 }
 
 /// Translate an RLS request (moving its strings, not copying them).

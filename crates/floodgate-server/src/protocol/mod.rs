@@ -8,3 +8,4 @@ pub mod budget_grpc;
 pub mod grpc;
 pub mod http;
 pub mod json;
+pub mod unary;
