@@ -310,7 +310,7 @@ async fn a_request_with_a_cached_and_an_uncached_descriptor_counts_each_lookup_o
     headers.insert("x-a", "bob".parse().unwrap());
     headers.insert("x-b", "carol".parse().unwrap());
     let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
-    let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+    let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None, body: None };
     assert!(decider.decide(&facts).await.unwrap().allowed);
     assert_eq!(counts(), (before.0 + 1, before.1 + 1), "the proxy: bob one hit, carol one miss");
 }

@@ -68,16 +68,11 @@ pub trait Decide: Send + Sync + 'static {
 
     /// Decide a request of a metered domain ([`Decide::metering`]): each
     /// limit with a `cost` asks its [`estimate`](crate::estimate) (from the
-    /// request's headers or JSON `body`), the others as [`Decide::decide`]
+    /// request's headers or its JSON body, `facts.body`), the others as [`Decide::decide`]
     /// does; when it is allowed and some limit has a cost, what each took is
     /// kept as a reservation to settle. The default decides without
     /// reserving.
-    fn reserve(
-        &self,
-        facts: &RequestFacts<'_>,
-        body: Option<&serde_json::Value>,
-    ) -> impl Future<Output = Result<Reserved, DecideError>> + Send {
-        let _ = body;
+    fn reserve(&self, facts: &RequestFacts<'_>) -> impl Future<Output = Result<Reserved, DecideError>> + Send {
         let decided = self.decide(facts);
         async move { decided.await.map(Reserved::unmetered) }
     }
@@ -182,18 +177,14 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         self.rules.load().domain(&self.domain)?.metering()
     }
 
-    async fn reserve(
-        &self,
-        facts: &RequestFacts<'_>,
-        body: Option<&serde_json::Value>,
-    ) -> Result<Reserved, DecideError> {
+    async fn reserve(&self, facts: &RequestFacts<'_>) -> Result<Reserved, DecideError> {
         let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
         let mut checks = checks_of(&planned);
         let mut metered = false;
         for c in &mut checks {
             if let Some(cost) = &c.rule.cost {
-                c.hits = estimate(cost, facts.headers, body);
+                c.hits = estimate(cost, facts.headers, facts.body);
                 metered = true;
             }
         }
@@ -534,7 +525,7 @@ mod tests {
         let allowed = |value: &[u8]| {
             let mut headers = http::HeaderMap::new();
             headers.insert("x-user", http::HeaderValue::from_bytes(value).unwrap());
-            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None, body: None };
             at_once(decider.decide(&facts)).unwrap().allowed
         };
         assert!(allowed(b"alice"));
@@ -555,7 +546,8 @@ mod tests {
         let decider = KeyedLimit::new(limit, Key::ClientIp, MemoryStore::new());
         let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
         let allowed = |ip: &str| {
-            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
+            let facts =
+                RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok(), body: None };
             at_once(decider.decide(&facts)).unwrap().allowed
         };
         for ip in ["10.0.0.1", "10.0.0.2", "::1", "::ffff:10.0.0.1", "2001:db8::a00:1"] {
@@ -582,7 +574,8 @@ mod tests {
         let decider = KeyedLimit::new(limit, Key::ClientIp, store);
         let (method, uri, headers) = (http::Method::GET, http::Uri::from_static("/"), http::HeaderMap::new());
         let answer = |ip: &str| {
-            let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok() };
+            let facts =
+                RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: ip.parse().ok(), body: None };
             at_once(decider.decide(&facts)).unwrap()
         };
         let first = answer("10.0.0.1");
@@ -630,7 +623,7 @@ mod tests {
         let (method, uri) = (http::Method::GET, http::Uri::from_static("/"));
         let mut headers = http::HeaderMap::new();
         headers.insert(header, http::HeaderValue::from_static(value));
-        let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None };
+        let facts = RequestFacts { method: &method, uri: &uri, headers: &headers, client_ip: None, body: None };
         for _ in 0..5 {
             assert!(at_once(decider.decide(&facts)).unwrap().allowed, "a gate takes nothing");
         }

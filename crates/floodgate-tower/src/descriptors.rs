@@ -21,6 +21,9 @@ pub struct RequestFacts<'a> {
     /// The client's address (peer, or the trusted forwarding hop); `None`
     /// when the server did not record the peer address.
     pub client_ip: Option<IpAddr>,
+    /// The request's JSON body, when it was read (the metering layer reads
+    /// it in a domain that needs it); `body_field` actions read it.
+    pub body: Option<&'a serde_json::Value>,
 }
 
 /// A request's descriptors could not be built.
@@ -71,6 +74,11 @@ pub fn build(templates: &[RequestDescriptor], facts: &RequestFacts<'_>) -> Resul
                     None if *skip_if_absent => {}
                     None => continue 'descriptor,
                 },
+                Action::BodyField { field, key, skip_if_absent } => match body_value(facts, field) {
+                    Some(v) => entries.push((key.clone(), v)),
+                    None if *skip_if_absent => {}
+                    None => continue 'descriptor,
+                },
             }
         }
         if !entries.is_empty() {
@@ -82,6 +90,20 @@ pub fn build(templates: &[RequestDescriptor], facts: &RequestFacts<'_>) -> Resul
 
 /// A header's value (lossy for non-UTF-8 bytes; several lines joined with
 /// `,`), or a pseudo-header's.
+/// The longest body value taken as a descriptor value (a longer one reads
+/// as missing: a request cannot make counters of any size).
+const MAX_BODY_VALUE: usize = 256;
+
+/// A top-level string, number or boolean of the request's JSON body.
+fn body_value(facts: &RequestFacts<'_>, field: &str) -> Option<String> {
+    let v = match facts.body?.get(field)? {
+        serde_json::Value::String(s) => s.clone(),
+        n @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => n.to_string(),
+        _ => return None,
+    };
+    (!v.is_empty() && v.len() <= MAX_BODY_VALUE).then_some(v)
+}
+
 fn header_value(facts: &RequestFacts<'_>, header: &str) -> Option<String> {
     match header {
         ":method" => Some(facts.method.as_str().to_owned()),
@@ -129,7 +151,8 @@ descriptors: []
         let uri: Uri = "/v1/items?x=1".parse().unwrap();
         let headers = HeaderMap::new();
         let ip: IpAddr = "203.0.113.9".parse().unwrap();
-        let facts = RequestFacts { method: &Method::POST, uri: &uri, headers: &headers, client_ip: Some(ip) };
+        let facts =
+            RequestFacts { method: &Method::POST, uri: &uri, headers: &headers, client_ip: Some(ip), body: None };
         let e = |k: &str, v: &str| (k.to_owned(), v.to_owned());
         // No x-api-key: that descriptor is left out; no x-tenant: only that entry.
         assert_eq!(
@@ -144,6 +167,28 @@ descriptors: []
         assert_eq!(got[1], vec![e("api_key", "k1"), e("method", "POST")]);
         assert_eq!(got[2], vec![e("class", "all"), e("tenant", "t9"), e("path", "/v1/items")]);
         // remote_address without a peer address is an error, not a free pass.
+        // A body field: a string, number or boolean at the top; anything
+        // else, or too long, reads as missing.
+        let body_rules = RuleSet::from_yaml(
+            "b.yaml",
+            "domain: b\nrequest_descriptors:\n  - actions: [{body_field: {field: model, descriptor_key: model}}]\n  - actions: [{generic_key: {descriptor_value: all}}, {body_field: {field: n, descriptor_key: n, skip_if_absent: true}}]\ndescriptors: []\n",
+        )
+        .unwrap();
+        let body_templates = body_rules.domain("b").unwrap().request_descriptors();
+        let with_body = |json: &str| {
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            build(body_templates, &RequestFacts { body: Some(&v), ..facts }).unwrap()
+        };
+        assert_eq!(
+            with_body(r#"{"model": "gpt-x", "n": 3}"#),
+            vec![vec![e("model", "gpt-x")], vec![e("generic_key", "all"), e("n", "3")]]
+        );
+        assert_eq!(with_body(r#"{"model": true}"#)[0], vec![e("model", "true")]);
+        let long = format!(r#"{{"model": "{}"}}"#, "m".repeat(300));
+        for missing in [r#"{"model": {"a": 1}}"#, r#"{"model": null}"#, r#"{"model": ""}"#, "[1]", &long] {
+            assert_eq!(with_body(missing), vec![vec![e("generic_key", "all")]], "{missing}");
+        }
+        assert_eq!(build(body_templates, &facts).unwrap(), vec![vec![e("generic_key", "all")]], "no body read");
         let facts = RequestFacts { client_ip: None, ..facts };
         assert_eq!(build(templates, &facts), Err(DescriptorError::NoPeerAddress));
         assert_eq!(build(default_descriptors(), &RequestFacts { client_ip: Some(ip), ..facts }).unwrap().len(), 1);

@@ -189,3 +189,29 @@ fn the_proxy_meters_an_openai_upstream_on_redis() {
     let redis = RedisServer::start();
     metered(&["--store", &redis.url()], "meter-redis");
 }
+
+/// A limit per model, the model read from the request's JSON body
+/// (`body_field`): an OpenAI-style request names its model there, not in a
+/// header. The big model's one request an hour is spent; the small model
+/// and a request without a model (its descriptor left out) pass.
+#[test]
+fn the_proxy_limits_per_model_read_from_the_body() {
+    let rules = "domain: llm
+request_descriptors:
+  - actions: [{body_field: {field: model, descriptor_key: model}}]
+descriptors:
+  - key: model
+    value: big
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: model
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+    let fake = FakeOpenAi::start();
+    let s = Served::proxy("meter-model", rules, &fake.url(), &["--domain", "llm"]);
+    let ask = |body: &str| chat(&s.proxy, "acme", "", body).0;
+    assert_eq!(ask(r#"{"model": "big", "max_tokens": 5}"#), 200);
+    assert_eq!(ask(r#"{"model": "big", "max_tokens": 5}"#), 429, "the big model's hour is spent");
+    assert_eq!(ask(r#"{"model": "small", "max_tokens": 5}"#), 200);
+    assert_eq!(ask(r#"{"max_tokens": 5}"#), 200, "no model: no descriptor, nothing limits it");
+    assert_eq!(ask(r#"{"model": "big", "stream": true}"#), 429, "streams too");
+}

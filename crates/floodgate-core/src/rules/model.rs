@@ -247,6 +247,19 @@ pub enum Action {
         /// The value.
         value: String,
     },
+    /// `body_field: {field, descriptor_key, skip_if_absent}` (floodgate):
+    /// the entry `(key, <field of the request's JSON body>)` — a top-level
+    /// string, number or boolean, e.g. an OpenAI request's `model`. Read by
+    /// the proxy and the tower layer's metering layer (which read the body
+    /// of such a domain's requests); when it is missing, as for a header.
+    BodyField {
+        /// The field at the top of the body.
+        field: String,
+        /// The descriptor key.
+        key: String,
+        /// Leave out only this entry when the field is missing.
+        skip_if_absent: bool,
+    },
 }
 
 /// The pseudo-headers a `request_headers` action may name.

@@ -468,6 +468,21 @@ fn costs_are_read_and_checked() {
 }
 
 #[test]
+fn body_fields_are_read_and_make_their_domain_read_bodies() {
+    let doc = |action: &str| format!("domain: d\nrequest_descriptors:\n  - actions: [{action}]\ndescriptors: []\n");
+    let set = load(&doc("{body_field: {field: model, descriptor_key: model, skip_if_absent: true}}"));
+    let d = set.domain("d").unwrap();
+    assert_eq!(
+        d.request_descriptors()[0].actions,
+        vec![Action::BodyField { field: "model".into(), key: "model".into(), skip_if_absent: true }]
+    );
+    assert_eq!(d.metering().map(|m| m.body), Some(true), "a body_field makes its domain's bodies read");
+    one_error(&doc("{body_field: {descriptor_key: model}}"), "missing field: add e.g. field: model");
+    one_error(&doc("{body_field: {field: model}}"), "missing descriptor_key");
+    one_error(&doc("{body_field: {field: model, descriptor_key: m, header_name: x}}"), "unknown field `header_name`");
+}
+
+#[test]
 fn bounds_are_errors_not_crashes() {
     let deep = format!(
         "domain: d\ndescriptors:\n{}",

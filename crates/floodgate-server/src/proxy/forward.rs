@@ -206,13 +206,9 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
         self.service.rules().current().domain(&self.domain)?.metering()
     }
 
-    async fn reserve(
-        &self,
-        facts: &RequestFacts<'_>,
-        body: Option<&serde_json::Value>,
-    ) -> Result<Reserved, DecideError> {
+    async fn reserve(&self, facts: &RequestFacts<'_>) -> Result<Reserved, DecideError> {
         let Some(req) = self.request(facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
-        let estimate = |cost: &floodgate_core::rules::cost::Cost| estimate(cost, facts.headers, body);
+        let estimate = |cost: &floodgate_core::rules::cost::Cost| estimate(cost, facts.headers, facts.body);
         match self.service.meter(&req, &estimate).await {
             Ok(r) => Ok(Reserved { answer: r.decided.answer, meter: r.meter }),
             Err(crate::service::ReserveError::Request(e)) => layer_answer(Err(e)).map(Reserved::unmetered),

@@ -103,7 +103,7 @@ impl<D> Shared<D> {
     #[inline(always)]
     fn facts<'r, B>(&self, req: &'r Request<B>) -> RequestFacts<'r> {
         let client_ip = peer_addr(req.extensions()).map(|p| self.trusted.client_ip(p.ip(), req.headers()));
-        RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip }
+        RequestFacts { method: req.method(), uri: req.uri(), headers: req.headers(), client_ip, body: None }
     }
 }
 

@@ -62,7 +62,8 @@ const ENVOY_KEYS: [&str; 16] = [
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "request_descriptors", "tiers"];
 const REQUEST_DESCRIPTOR_KEYS: &[&str] = &["actions"];
-const ACTION_KEYS: &[&str] = &["remote_address", "request_headers", "generic_key"];
+const ACTION_KEYS: &[&str] = &["remote_address", "request_headers", "generic_key", "body_field"];
+const BODY_FIELD_KEYS: &[&str] = &["field", "descriptor_key", "skip_if_absent"];
 const REQUEST_HEADERS_KEYS: &[&str] = &["header_name", "descriptor_key", "skip_if_absent"];
 const GENERIC_KEY_KEYS: &[&str] = &["descriptor_value", "descriptor_key"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -223,6 +224,14 @@ impl<'a> FileParser<'a> {
         domain.metering = crate::rules::cost::Metering::of(
             domain.rules().chain(domain.tiers.values().flat_map(|t| t.rules.iter())).filter_map(|r| r.cost.as_deref()),
         );
+        // A descriptor read from the body: such requests have their body read.
+        let reads_body = domain
+            .request_descriptors
+            .iter()
+            .any(|d| d.actions.iter().any(|a| matches!(a, crate::rules::Action::BodyField { .. })));
+        if reads_body {
+            domain.metering = Some(crate::rules::cost::Metering { body: true, ..domain.metering.unwrap_or_default() });
+        }
         (self.errors.len() == before).then_some(domain)
     }
 

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use super::{
-    ACTION_KEYS, FileParser, Flags, GENERIC_KEY_KEYS, REQUEST_DESCRIPTOR_KEYS, REQUEST_HEADERS_KEYS, check_tier_name,
-    describe,
+    ACTION_KEYS, BODY_FIELD_KEYS, FileParser, Flags, GENERIC_KEY_KEYS, REQUEST_DESCRIPTOR_KEYS, REQUEST_HEADERS_KEYS,
+    check_tier_name, describe,
 };
 use crate::region::Scope;
 use crate::rules::Pos;
@@ -145,8 +145,12 @@ impl FileParser<'_> {
             };
         }
         let entries = if v.is_null() { &[][..] } else { self.map(v, field)? };
-        let known = if name == "request_headers" { REQUEST_HEADERS_KEYS } else { GENERIC_KEY_KEYS };
-        let (mut header, mut key, mut value, mut skip) = (None, None, None, false);
+        let known = match name {
+            "request_headers" => REQUEST_HEADERS_KEYS,
+            "body_field" => BODY_FIELD_KEYS,
+            _ => GENERIC_KEY_KEYS,
+        };
+        let (mut header, mut key, mut value, mut skip, mut body) = (None, None, None, false, None);
         for (k, v) in entries {
             let Some(f) = self.key(k, v, field, known) else { continue };
             let sub = format!("{field}.{f}");
@@ -154,6 +158,7 @@ impl FileParser<'_> {
                 "header_name" => header = self.string(v, &sub).map(|s| (s, v.pos())),
                 "descriptor_key" => key = self.string(v, &sub).map(|s| (s, v.pos())),
                 "descriptor_value" => value = self.string(v, &sub).map(|s| (s, v.pos())),
+                "field" => body = self.string(v, &sub).map(|s| (s, v.pos())),
                 _ => skip = self.boolean(v, &sub).unwrap_or(false),
             }
         }
@@ -168,6 +173,11 @@ impl FileParser<'_> {
                 None
             }
         };
+        if name == "body_field" {
+            let field_name = required(self, body, "field", "model")?;
+            let key = required(self, key, "descriptor_key", "model")?;
+            return Some(Action::BodyField { field: field_name, key, skip_if_absent: skip });
+        }
         if name == "generic_key" {
             let value = required(self, value, "descriptor_value", "all")?;
             let key = match key {

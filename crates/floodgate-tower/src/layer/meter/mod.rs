@@ -240,8 +240,14 @@ where
         parts.headers.remove(ACCEPT_ENCODING);
     }
     let client_ip = peer_addr(&parts.extensions).map(|p| shared.trusted.client_ip(p.ip(), &parts.headers));
-    let facts = RequestFacts { method: &parts.method, uri: &parts.uri, headers: &parts.headers, client_ip };
-    let reserved = shared.decider.reserve(&facts, json.as_ref()).await;
+    let facts = RequestFacts {
+        method: &parts.method,
+        uri: &parts.uri,
+        headers: &parts.headers,
+        client_ip,
+        body: json.as_ref(),
+    };
+    let reserved = shared.decider.reserve(&facts).await;
     drop(json);
     let (result, meter) = match reserved {
         Ok(r) => (Ok(r.answer), r.meter),
