@@ -318,8 +318,10 @@ pub struct SettledPart {
     pub estimate: u64,
     /// The hits settled.
     pub actual: u64,
-    /// What the settle did.
-    pub adjust: Adjust,
+    /// The hits the settle charged late (the excess over the estimate).
+    pub charged_late: u64,
+    /// The hits it gave back as never taken.
+    pub returned: u64,
     /// Whether the part had expired unsettled (it kept its estimate).
     pub expired: bool,
     /// The limit after the settle (a peek), or why the store could not
@@ -379,7 +381,8 @@ pub fn settled(
             scope: p.payload.scope,
             estimate: p.estimate,
             actual,
-            adjust,
+            charged_late: adjust.amounts().0,
+            returned: adjust.amounts().1,
             expired: p.expired(now_us),
             decision: decision.map(|mut d| {
                 // What the settle answers is the counter after it: allowed

@@ -87,7 +87,7 @@ fn settled(r: &Result<Settled, ReservationError>) -> Result<(bool, Vec<PartSeen>
             s.parts
                 .iter()
                 .map(|p| {
-                    let (late, back) = p.adjust.amounts();
+                    let (late, back) = (p.charged_late, p.returned);
                     (late, back, p.expired, p.decision.as_ref().map_or(u64::MAX, |d| d.remaining))
                 })
                 .collect(),

@@ -236,7 +236,7 @@ impl Metrics {
             Ok(s) if s.again => 1,
             Ok(s) => {
                 for p in s.parts.iter() {
-                    let (late, returned) = p.adjust.amounts();
+                    let (late, returned) = (p.charged_late, p.returned);
                     self.settled_hits[0].fetch_add(late, Relaxed);
                     self.settled_hits[1].fetch_add(returned, Relaxed);
                 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use floodgate_core::region::{Scope, SyncMode};
-use floodgate_core::reservation::{Adjust, Held, ReservationError, ReservationId, Settled, SettledPart};
+use floodgate_core::reservation::{Held, ReservationError, ReservationId, Settled, SettledPart};
 use floodgate_core::{Algorithm, AlgorithmKind, Charge, Check, Decision, LeakyMode, Limit, Op as CoreOp, StoreError};
 
 use super::{Client, RedisStore};
@@ -338,18 +338,14 @@ impl RedisStore {
                         let n = |x: i64| u64::try_from(x).unwrap_or(0);
                         let (late, returned) = (n(v[1]), n(v[2]));
                         again &= v[0] & 1 == 1;
-                        let adjust = match (late, returned) {
-                            (0, 0) => Adjust::Nothing,
-                            (l, 0) => Adjust::Late(l),
-                            (_, r) => Adjust::Return { hits: r, taken_at_us: 0 },
-                        };
                         settled[j] = Some(SettledPart {
                             key: parts[j].key.clone(),
                             limit: parts[j].limit.clone(),
                             scope: parts[j].scope,
                             estimate: (amounts[j] + returned).saturating_sub(late),
                             actual: amounts[j],
-                            adjust,
+                            charged_late: late,
+                            returned,
                             expired: v[0] & 2 == 2,
                             decision: Ok(Decision {
                                 allowed: true,

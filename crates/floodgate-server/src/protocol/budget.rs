@@ -134,7 +134,7 @@ pub fn settled_response(id: ReservationId, s: &Settled) -> Value {
         .parts
         .iter()
         .map(|p| {
-            let (late, returned) = p.adjust.amounts();
+            let (late, returned) = (p.charged_late, p.returned);
             let mut v = json!({
                 "key": &*p.key,
                 "algorithm": p.limit.algorithm().kind().as_str(),

@@ -308,7 +308,7 @@ fn settle_response(id: ReservationId, s: &Settled) -> SettleResponse {
             .parts
             .iter()
             .map(|p| {
-                let (charged_late, returned) = p.adjust.amounts();
+                let (charged_late, returned) = (p.charged_late, p.returned);
                 let (remaining, reset_after_ms, error) = match &p.decision {
                     Ok(d) => (d.remaining, ms(d.reset_after), String::new()),
                     Err(e) => (0, 0, e.to_string()),

@@ -102,7 +102,7 @@ impl Store for ServerStore {
             Self::RedisRegional(s, region, _) => {
                 let settled = s.settle(id, actual).await?;
                 for p in settled.parts.iter().filter(|_| !settled.again) {
-                    let (late, returned) = p.adjust.amounts();
+                    let (late, returned) = (p.charged_late, p.returned);
                     let hits = late + returned;
                     if let (Scope::Global(mode), Ok(d), true) = (p.scope, &p.decision, hits > 0) {
                         region.touched(&p.key, &p.limit, mode, hits, d.remaining);
