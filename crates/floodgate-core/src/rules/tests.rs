@@ -465,6 +465,13 @@ fn costs_are_read_and_checked() {
         "a shaper (mode: shape) cannot take a cost",
     );
     one_error(&rl("unlimited: true, cost: {estimate: 5, actual: {usage: a}}"), "unlimited takes no cost");
+    one_error(
+        &rl("unit: hour, requests_per_unit: 9, scope: global, cost: {estimate: 5, actual: {usage: a}}"),
+        "cost with scope: global needs sliding_window, sliding_buckets or gcra",
+    );
+    load(&rl(
+        "algorithm: gcra, unit: hour, requests_per_unit: 9, scope: global, cost: {estimate: 5, actual: {usage: a}}",
+    ));
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::limits::parse_ppm;
 use super::{FileParser, RateLimitFields, describe};
+use crate::region::Scope;
 use crate::rules::cost::{Actual, Cost, Estimate, EstimateFrom, MAX_WEIGHT, ONE, Weight, Weights};
 use crate::rules::yaml::Node;
 use crate::{Algorithm, Charge, LeakyMode, Limit, MAX_LIMIT};
@@ -218,7 +219,7 @@ impl FileParser<'_> {
     /// A cost on a limit that cannot reserve it: one charged after the work
     /// (nothing is reserved at request time) or a shaper (it holds requests,
     /// it does not count amounts back).
-    pub(super) fn check_cost(&mut self, f: &RateLimitFields, limit: &Limit, field: &str) {
+    pub(super) fn check_cost(&mut self, f: &RateLimitFields, limit: &Limit, scope: Scope, field: &str) {
         let Some((_, pos)) = &f.cost else { return };
         let at = format!("{field}.cost");
         if limit.charge() == Charge::After {
@@ -227,6 +228,17 @@ impl FileParser<'_> {
                 &at,
                 "cost reserves an estimate before the work; charge: after charges only after it: remove one \
                  (a metered request settles its reservation when the response ends)",
+            );
+        }
+        if matches!(scope, Scope::Global(_)) && *limit.algorithm() == Algorithm::FixedWindow {
+            // As for charge: after: a settle's excess is a late charge, and
+            // the regions cannot carry a fixed window's debt.
+            self.error(
+                *pos,
+                &at,
+                "cost with scope: global needs sliding_window, sliding_buckets or gcra (a settle charges its excess \
+                 late, and a fixed window's debt cannot be carried by the regions' per-window counts): set \
+                 algorithm, or use scope: region",
             );
         }
         if matches!(limit.algorithm(), Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. }) {

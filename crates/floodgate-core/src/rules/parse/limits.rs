@@ -80,7 +80,7 @@ impl FileParser<'_> {
                     "charge: after with scope: global needs sliding_window, sliding_buckets or gcra (a fixed window carries its debt into later windows, which the regions' per-window counts cannot carry): set algorithm, or use scope: region",
                 );
             }
-            self.check_cost(&f, &limit, field);
+            self.check_cost(&f, &limit, scope, field);
             let local = self.local_limit(&limit, failure_mode, f.local_share, field);
             (Some(limit), local)
         };
