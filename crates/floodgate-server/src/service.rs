@@ -279,7 +279,7 @@ impl<S: Store> Service<S> {
         self.metrics.request(protocol, Some(decided.answer.allowed), started.elapsed());
         let ttl =
             id.and_then(|_| checks.iter().filter(|c| c.rule.limit.is_some()).map(|c| c.rule.reservation_ttl).max());
-        let meter = id.map(|id| floodgate_tower::Meter::of(id, &checks));
+        let meter = id.map(|id| floodgate_tower::Meter::of(id, &checks, &outcome.verdicts));
         Ok(Reserved { decided, id, ttl, meter })
     }
 

@@ -191,7 +191,7 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         // A store that cannot keep reservations: decided as an ordinary
         // request (its failure policies), not metered.
         if metered && let Ok((outcome, id)) = self.limiter.reserve(&checks).await {
-            let meter = id.map(|id| Meter::of(id, &checks));
+            let meter = id.map(|id| Meter::of(id, &checks, &outcome.verdicts));
             return Ok(Reserved { answer: Answer::of(&checks, outcome.view()), meter });
         }
         let outcome = self.limiter.check(&checks).await;

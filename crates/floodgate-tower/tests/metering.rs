@@ -26,7 +26,14 @@ request_descriptors:
   - actions: [{request_headers: {header_name: x-tenant, descriptor_key: requests}}]
   - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tokens}}]
   - actions: [{request_headers: {header_name: x-tenant, descriptor_key: units}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: shadowed}}]
 descriptors:
+  # Over its limit from the second request on, in shadow mode: it denies
+  # nothing and keeps nothing in the reservation (the settle's amounts
+  # match the parts kept).
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
   - key: requests
     rate_limit: {unit: hour, requests_per_unit: 1000}
   - key: tokens
@@ -52,7 +59,7 @@ fn app() -> Router {
     Router::new()
         .route("/json", post(|| async { format!(r#"{{"choices":[],"usage":{USAGE}}}"#) }))
         .route(
-            "/stream",
+            "/v1/chat/completions",
             post(|body: Bytes| async move {
                 let asked = String::from_utf8_lossy(&body).contains("\"include_usage\":true");
                 let mut chunks = vec![chunk(r#"{"choices":[{"delta":{"content":"hi"}}]}"#)];
@@ -167,7 +174,7 @@ async fn metered<S: Store + 'static>(store: S) {
     case!("a JSON body's usage", "/json", r#"{"max_tokens": 100}"#, "", |t| t.contains("total_tokens"), [1, 30, 9]);
     case!(
         "a stream asked for its usage",
-        "/stream",
+        "/v1/chat/completions",
         r#"{"max_tokens": 100, "stream": true}"#,
         "",
         |t| t.contains("\"usage\"") && t.contains("[DONE]"),
@@ -201,4 +208,47 @@ async fn an_axum_app_is_metered_on_redis() {
     let redis = RedisServer::start();
     let store = RedisStore::new(RedisConfig::new(redis.url().parse::<Target>().unwrap())).unwrap();
     metered(store).await;
+}
+
+/// A metered request that the layer refuses after reserving (it would wait
+/// for a shaping limit while the layer holds its most): nothing was served,
+/// so its cost settles at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_while_held_for_shaping_costs_nothing() {
+    let rules = RuleSet::from_yaml(
+        "llm.yaml",
+        r#"
+domain: llm
+request_descriptors:
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: shaped}}]
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tokens}}]
+descriptors:
+  - key: shaped
+    rate_limit: {algorithm: leaky_bucket, mode: shape, unit: hour, requests_per_unit: 1, burst: 5}
+  - key: tokens
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10000
+      cost: {estimate: {body: max_tokens, default: 50}, actual: {usage: total_tokens}}
+"#,
+    )
+    .unwrap();
+    let decider = RulesDecider::new(rules.clone(), "llm", MemoryStore::new());
+    let layer = RateLimitLayer::new(decider).max_held(0).metered();
+    let m = rules.matches("llm", &[("tokens", "acme")]).unwrap();
+    let (key, limit) = (m.counter_key(0), m.rules[0].limit.clone().unwrap());
+    let store_layer = layer.clone();
+    let used = move || {
+        let d = store_layer.rate_limit().decider().store().apply_sync(&key, &limit, 0).unwrap();
+        limit.limit() - d.remaining
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app().layer(layer)).await });
+    let first = tokio::task::spawn_blocking(move || call(addr, "/json", r#"{"max_tokens": 100}"#, "")).await.unwrap();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert_eq!(used(), 30, "the first: its usage");
+    let held = tokio::task::spawn_blocking(move || call(addr, "/json", r#"{"max_tokens": 100}"#, "")).await.unwrap();
+    assert!(held.starts_with("HTTP/1.1 503"), "the second would wait, and none may: {held}");
+    assert_eq!(used(), 30, "refused before the work: its estimate given back");
 }

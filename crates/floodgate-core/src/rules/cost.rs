@@ -118,7 +118,8 @@ impl Actual {
 /// What metering a domain's requests needs: some rule of it has a `cost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Metering {
-    /// Some estimate reads the request's JSON body.
+    /// Some estimate reads the request's JSON body, or a rule asks streams
+    /// for their usage (the body is rewritten).
     pub body: bool,
     /// Some actual amount reads the response's `usage`.
     pub usage: bool,
@@ -132,7 +133,8 @@ impl Metering {
         costs.fold(None, |m, c| {
             let m: Metering = m.unwrap_or_default();
             Some(Metering {
-                body: m.body || matches!(c.estimate.from, EstimateFrom::Body(_)),
+                // Asking for usage rewrites the body: it is read.
+                body: m.body || matches!(c.estimate.from, EstimateFrom::Body(_)) || c.include_usage,
                 usage: m.usage || c.actual.reads_usage(),
                 include_usage: m.include_usage || c.include_usage,
             })

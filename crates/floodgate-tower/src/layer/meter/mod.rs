@@ -9,19 +9,21 @@
 //! * **The body** of a request in a metered domain is read before the
 //!   decision when an estimate reads it (at most [`MAX_READ`] bytes; past
 //!   that, or when it is not JSON, the estimate is the rule's `default` and
-//!   the body is forwarded as it came). When a rule asks for usage and the
-//!   request streams (`"stream": true`) without
-//!   `stream_options.include_usage`, that option is added (the response then
-//!   ends with a usage chunk, which OpenAI's client libraries read or
-//!   skip); `Accept-Encoding` is removed so that the usage can be read.
+//!   the body is forwarded as it came). When a rule asks for usage and a
+//!   request to a `/chat/completions` or `/completions` path streams
+//!   (`"stream": true`) without `stream_options.include_usage`, that option
+//!   is added (the response then ends with a usage chunk, which OpenAI's
+//!   client libraries read or skip); `Accept-Encoding` is removed so that
+//!   the usage can be read.
 //! * **The response** streams through as it comes; its `usage` object (a
 //!   JSON body, or the chunk of an event stream that carries it) or the
 //!   rule's response header gives the actual amount.
 //! * **The settle** happens when the response body ends, fails, or is
 //!   dropped (the client went away, the request was cancelled, a handler
 //!   panicked): each metered limit is settled at the amount read; an error
-//!   response (4xx or 5xx) that says no amount settles at 0 (nothing was
-//!   served); any other response without an amount (a stream cut or left
+//!   response (4xx or 5xx) that says no amount, or a request the layer
+//!   refused after reserving (held for shaping while it holds its most),
+//!   settles at 0 (nothing was served); any other response without an amount (a stream cut or left
 //!   before its usage chunk, a stream without usage) keeps the estimate —
 //!   the upstream may bill what it generated, and the estimate is what the
 //!   caller was allowed. Limits without a cost keep their hit.
@@ -39,7 +41,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use floodgate_core::rules::cost::{Cost, EstimateFrom, Metering};
-use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH, HeaderValue};
+use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Body;
 use tower_layer::Layer;
@@ -229,7 +231,8 @@ where
 {
     let (mut parts, body) = req.into_parts();
     let (body, json) = if metering.body {
-        match read(body, &mut parts.headers, metering.include_usage).await {
+        let include_usage = metering.include_usage && asks_for_chat(parts.uri.path());
+        match read(body, &mut parts.headers, include_usage).await {
             Ok(read) => read,
             Err(resp) => return Ok(resp.map(MeteredBody::local)),
         }
@@ -266,6 +269,9 @@ where
             tokio::time::sleep(delay).await;
         }
         Next::Forward => {}
+    }
+    if let Some(t) = &mut tally {
+        t.forwarded();
     }
     let mut resp = inner.call(Request::from_parts(parts, body)).await?;
     if let Some(t) = &mut tally {
@@ -305,16 +311,42 @@ async fn read<B: Body<Data = Bytes> + Unpin>(
             }
         }
     }
-    let mut json = serde_json::from_slice::<serde_json::Value>(&buf).ok();
+    let json = serde_json::from_slice::<serde_json::Value>(&buf).ok();
     let mut bytes = Bytes::from(buf);
-    if include_usage && let Some(j) = json.as_mut().filter(|j| asks_no_usage(j)) {
-        j["stream_options"]["include_usage"] = serde_json::Value::Bool(true);
-        if let Ok(rewritten) = serde_json::to_vec(j) {
-            bytes = Bytes::from(rewritten);
-            headers.insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        }
+    if include_usage
+        && let Some(j) = json.as_ref().filter(|j| asks_no_usage(j))
+        && let Some(rewritten) = with_include_usage(&bytes, j)
+    {
+        bytes = Bytes::from(rewritten);
+        headers.remove(TRANSFER_ENCODING);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     }
     Ok((RequestBody::read(bytes), json))
+}
+
+/// An OpenAI-style completion path, whose streams take
+/// `stream_options.include_usage` (the Responses API and other APIs, which
+/// may refuse an unknown field, are left as they are).
+fn asks_for_chat(path: &str) -> bool {
+    path.ends_with("/chat/completions") || path.ends_with("/completions")
+}
+
+/// `body` (whose JSON is `j`) asking for usage: without `stream_options`,
+/// the field is written in after the opening brace (the rest of the bytes
+/// as they came); with one, the JSON is written again with the option set.
+fn with_include_usage(body: &[u8], j: &serde_json::Value) -> Option<Vec<u8>> {
+    const OPTION: &[u8] = b"\"stream_options\":{\"include_usage\":true},";
+    if j.get("stream_options").is_none() {
+        let open = body.iter().position(|&b| b == b'{')?;
+        let mut out = Vec::with_capacity(body.len() + OPTION.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(OPTION);
+        out.extend_from_slice(&body[open + 1..]);
+        return Some(out);
+    }
+    let mut j = j.clone();
+    j["stream_options"]["include_usage"] = serde_json::Value::Bool(true);
+    serde_json::to_vec(&j).ok()
 }
 
 /// An OpenAI-style request that streams (`"stream": true`) without asking
@@ -340,5 +372,25 @@ mod tests {
         assert!(!asks_no_usage(&j(r#"{"stream": false}"#)));
         assert!(!asks_no_usage(&j(r#"{"messages": []}"#)));
         assert!(!asks_no_usage(&j(r#"{"stream": true, "stream_options": 3}"#)), "not ours to replace");
+        assert!(asks_for_chat("/v1/chat/completions") && asks_for_chat("/v1/completions"));
+        assert!(!asks_for_chat("/v1/messages") && !asks_for_chat("/v1/responses"), "Anthropic's, OpenAI's Responses");
+    }
+
+    #[test]
+    fn the_option_is_written_in_and_the_rest_kept_as_it_came() {
+        let body = br#" {"stream": true, "n": 18446744073709551616000}"#;
+        let j = serde_json::from_slice::<serde_json::Value>(body).unwrap();
+        let out = with_include_usage(body, &j).unwrap();
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            r#" {"stream_options":{"include_usage":true},"stream": true, "n": 18446744073709551616000}"#,
+            "a number past u64 stays as written"
+        );
+        let v = serde_json::from_slice::<serde_json::Value>(&out).unwrap();
+        assert!(!asks_no_usage(&v));
+        let with = br#"{"stream": true, "stream_options": {"include_usage": false, "x": 1}}"#;
+        let j = serde_json::from_slice::<serde_json::Value>(with).unwrap();
+        let v = serde_json::from_slice::<serde_json::Value>(&with_include_usage(with, &j).unwrap()).unwrap();
+        assert_eq!(v["stream_options"], serde_json::json!({"include_usage": true, "x": 1}));
     }
 }

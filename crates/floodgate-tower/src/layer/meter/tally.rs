@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use floodgate_core::limiter::RuleCheck;
+use floodgate_core::limiter::{RuleCheck, Verdict};
 use floodgate_core::reservation::ReservationId;
 use floodgate_core::rules::cost::Actual;
 use http::{HeaderMap, StatusCode};
@@ -35,13 +35,17 @@ pub struct MeterPart {
 }
 
 impl Meter {
-    /// The meter of reservation `id` made of `checks` (those with a limit
-    /// are its parts, in order).
-    pub fn of(id: ReservationId, checks: &[RuleCheck<'_>]) -> Meter {
+    /// The meter of reservation `id` made of `checks`, given their
+    /// `verdicts` (one each, in order): its parts are the checks the store
+    /// kept, as it keeps them — a limit's check it answered and allowed (a
+    /// shadowed limit over its limit, or one whose store failed, keeps
+    /// nothing) — so a settle gives one amount per part.
+    pub fn of(id: ReservationId, checks: &[RuleCheck<'_>], verdicts: &[Verdict]) -> Meter {
         let parts = checks
             .iter()
-            .filter(|c| c.rule.limit.is_some())
-            .map(|c| MeterPart { estimate: c.hits, actual: c.rule.cost.as_ref().map(|k| k.actual.clone()) })
+            .zip(verdicts)
+            .filter(|(c, v)| c.rule.limit.is_some() && v.failure.is_none() && v.decision.is_some_and(|d| d.allowed))
+            .map(|(c, _)| MeterPart { estimate: c.hits, actual: c.rule.cost.as_ref().map(|k| k.actual.clone()) })
             .collect();
         Meter { id, parts }
     }
@@ -76,12 +80,26 @@ pub(crate) struct Tally {
     from_headers: Vec<Option<u64>>,
     /// The body's usage, when a part reads it.
     scanner: Option<Scanner>,
+    /// The request went to the inner service (else nothing was served).
+    forwarded: bool,
 }
 
 impl Tally {
     pub(crate) fn new(meter: Meter, settler: Arc<dyn Settler>) -> Self {
         let usage = meter.parts.iter().any(|p| p.actual.as_ref().is_some_and(Actual::reads_usage));
-        Self { meter, settler, status: None, from_headers: Vec::new(), scanner: usage.then(Scanner::new) }
+        Self {
+            meter,
+            settler,
+            status: None,
+            from_headers: Vec::new(),
+            scanner: usage.then(Scanner::new),
+            forwarded: false,
+        }
+    }
+
+    /// The request goes to the inner service now.
+    pub(crate) fn forwarded(&mut self) {
+        self.forwarded = true;
     }
 
     /// The response head came.
@@ -111,9 +129,11 @@ impl Tally {
     }
 
     /// Each part's amount: what the response said; else 0 on an error
-    /// response (nothing was served); else the estimate.
+    /// response or a request never forwarded (refused while held for
+    /// shaping, or its client gone before: nothing was served); else the
+    /// estimate.
     fn actuals(&self) -> Vec<u64> {
-        let failed = self.status.is_some_and(|s| s.is_client_error() || s.is_server_error());
+        let failed = !self.forwarded || self.status.is_some_and(|s| s.is_client_error() || s.is_server_error());
         let usage = self.scanner.as_ref().map(Scanner::usage);
         self.meter
             .parts
