@@ -11,10 +11,12 @@
 //! and usage split across events (Anthropic's `message_start` with the
 //! input tokens, `message_delta` with the output ones) all read right.
 //!
-//! Text inside a JSON string cannot be mistaken for the key: a quote there
-//! is written `\"`, so `"usage"` never appears in a string's bytes. The
-//! bytes between usage objects are only searched (SIMD `memmem`), never
-//! copied or parsed.
+//! Text inside a JSON string is not mistaken for the key: a quote there is
+//! written `\"`, so `"usage"` appears in a string's bytes only at the end
+//! of one that ends in `\"usage` — and it is read as the key only if that
+//! string is itself an object's key followed by an object (no API writes
+//! one; the latest value wins anyway). The bytes between usage objects are
+//! only searched (SIMD `memmem`), never copied or parsed.
 
 use memchr::memmem;
 
