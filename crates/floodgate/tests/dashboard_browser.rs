@@ -99,6 +99,25 @@ fn dashboard_in_a_real_browser() {
     let _ = bench.wait();
     std::fs::write(shots_dir().join("dashboard.png"), b.screenshot()).unwrap();
 
+    // On a phone's width and a narrow window, nothing scrolls sideways (the
+    // tables scroll in their own boxes), and no count breaks mid-digit.
+    for width in [400, 820] {
+        b.resize(width, 1500);
+        b.wait_for(&format!("a window {width} px wide"), 10, &format!("return window.innerWidth <= {width};"));
+        let wide = b.wait_for(
+            &format!("the page within {width} px"),
+            10,
+            "const d = document.documentElement; return d.scrollWidth <= d.clientWidth ? 'fits' : d.scrollWidth;",
+        );
+        assert_eq!(wide, json!("fits"), "at {width} px");
+        let breaking = b.run(
+            "return [...document.querySelectorAll('.top li, .rule .name, dd')].filter(e => getComputedStyle(e).wordBreak === 'break-all').length;",
+            json!([]),
+        );
+        assert_eq!(breaking, json!(0), "nothing breaks words anywhere");
+    }
+    b.resize(1280, 1500);
+
     // A bad rules edit shows its error with file:line; the fix clears it.
     let rules_file = s.rules_dir().join("1.yaml");
     let good = std::fs::read_to_string(&rules_file).unwrap();

@@ -160,6 +160,11 @@ impl Browser {
             .collect()
     }
 
+    /// Make the window `width` x `height`.
+    pub fn resize(&self, width: u32, height: u32) {
+        self.post(&self.session_path("/window/rect"), &json!({ "width": width, "height": height })).unwrap();
+    }
+
     /// A PNG of the window.
     pub fn screenshot(&self) -> Vec<u8> {
         let v = call(&self.addr, "GET", &self.session_path("/screenshot"), None).unwrap();
