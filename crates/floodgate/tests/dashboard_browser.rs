@@ -70,6 +70,12 @@ fn dashboard_in_a_real_browser() {
         "return !document.getElementById('main').hidden && document.getElementById('live').textContent === 'live';",
     );
     b.wait_for("the loaded rules with file:line", 10, "return [...document.querySelectorAll('#loaded td.at')].some(td => /1\\.yaml:\\d+:\\d+$/.test(td.textContent));");
+    // Limits in words, with thousands separators, and no burst on a fixed window.
+    let limits = b.run(
+        "return [...document.querySelectorAll('#loaded tbody tr')].map(tr => tr.children[3].textContent).sort();",
+        json!([]),
+    );
+    assert_eq!(limits, json!(["1,000,000,000 per second", "5 per minute"]), "{limits}");
 
     // A rule's rate rises while bench loads it.
     assert_eq!(b.run(&allowed_rate("bench/bench_users"), json!([])), json!(0), "no traffic yet");

@@ -258,6 +258,29 @@ function renderRules(rules) {
   }
 }
 
+// Windows in words: the largest unit that divides the window.
+const UNITS = [[31536000000, 'year'], [2592000000, 'month'], [604800000, 'week'], [86400000, 'day'],
+  [3600000, 'hour'], [60000, 'minute'], [1000, 'second']];
+
+function perWindow(ms) {
+  for (const [size, name] of UNITS) {
+    if (ms >= size && ms % size === 0) {
+      const n = ms / size;
+      return n === 1 ? name : `${n.toLocaleString('en')} ${name}s`;
+    }
+  }
+  return `${ms.toLocaleString('en')} ms`;
+}
+
+// "20,000 per hour", "10 per second, bursts of 20": a burst only where the
+// algorithm has one.
+function limitText(r) {
+  if (r.unlimited) return 'unlimited';
+  const bursty = /bucket|gcra/.test(r.algorithm || '');
+  const burst = bursty && r.burst ? `, bursts of ${r.burst.toLocaleString('en')}` : '';
+  return `${r.limit.toLocaleString('en')} per ${perWindow(r.window_ms)}${burst}`;
+}
+
 async function loadRules() {
   try {
     const data = await api('GET', '/admin/v1/rules');
@@ -267,7 +290,7 @@ async function loadRules() {
     for (const d of data.domains || []) {
       for (const r of d.rules || []) {
         loaded.push(Object.assign({ domain: d.domain }, r));
-        const limit = r.unlimited ? 'unlimited' : `${r.limit} per ${r.window_ms / 1000}s` + (r.burst ? `, burst ${r.burst}` : '');
+        const limit = limitText(r);
         const mode = [r.shadow_mode ? 'shadow' : '', 'failure ' + r.failure_mode].filter(Boolean).join(', ');
         body.append(el('tr', {}, el('td', { text: d.domain }), el('td', { text: r.descriptor }), el('td', { text: r.name || '' }),
           el('td', { text: limit }), el('td', { text: r.algorithm || '' }), el('td', { text: mode }), el('td', { class: 'at', text: r.at })));
