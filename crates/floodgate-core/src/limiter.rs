@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::reservation::{ReservationError, ReservationId};
+use crate::rules::cost::Cost;
 use crate::rules::{FailureMode, Rule};
 use crate::store::{Check, Op};
 use crate::{Decision, Limit, MemoryStore, Store, StoreError};
@@ -235,6 +236,29 @@ impl<S: Store> Limiter<S> {
         let outcome = self.outcome(checks, results);
         let id = id.filter(|_| outcome.allowed);
         Ok((outcome, id))
+    }
+
+    /// Meter a request (the proxy's and the tower layer's): each check whose
+    /// rule has a `cost` asks `estimate(cost)`; when one does, the checks
+    /// are reserved ([`Limiter::reserve`]); else — or when the store cannot
+    /// keep reservations (down, or without support) — they are decided as an
+    /// ordinary request, by each rule's failure policy, and nothing is kept.
+    pub async fn meter(
+        &self,
+        checks: &mut [RuleCheck<'_>],
+        estimate: &(dyn Fn(&Cost) -> u64 + Sync),
+    ) -> (Outcome, Option<ReservationId>) {
+        let mut metered = false;
+        for c in checks.iter_mut() {
+            if let Some(cost) = &c.rule.cost {
+                c.hits = estimate(cost);
+                metered = true;
+            }
+        }
+        if metered && let Ok(reserved) = self.reserve(checks).await {
+            return reserved;
+        }
+        (self.check(checks).await, None)
     }
 
     /// The outcome of `checks` from the store's `results` for those with a

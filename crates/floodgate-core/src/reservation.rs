@@ -239,10 +239,10 @@ pub enum ReservationError {
 
 /// The amount of each of `parts` parts a settle at `actual` gives: one
 /// amount for every part, or one per part.
-pub fn amounts(parts: usize, actual: &[u64]) -> Result<Vec<u64>, ReservationError> {
+pub fn amounts(parts: usize, actual: &[u64]) -> Result<Amounts<u64>, ReservationError> {
     match actual {
-        [one] => Ok(vec![*one; parts]),
-        many if many.len() == parts => Ok(many.to_vec()),
+        [one] => Ok(smallvec::smallvec![*one; parts]),
+        many if many.len() == parts => Ok(Amounts::from_slice(many)),
         many => Err(ReservationError::Amounts { parts, given: many.len() }),
     }
 }
@@ -263,12 +263,7 @@ impl<P, R: Clone> Reservation<P, R> {
     /// The amounts per part for `actual`: one amount for every part, or one
     /// per part.
     pub fn amounts(&self, actual: &[u64]) -> Result<Amounts<u64>, ReservationError> {
-        let parts = self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len());
-        match actual {
-            [one] => Ok(smallvec::smallvec![*one; parts]),
-            many if many.len() == parts => Ok(Amounts::from_slice(many)),
-            many => Err(ReservationError::Amounts { parts, given: many.len() }),
-        }
+        amounts(self.settled.as_ref().map_or(self.parts.len(), |(a, _)| a.len()), actual)
     }
 
     /// Claim the settle at `actual` at `now_us`: the adjustments to make
@@ -615,7 +610,7 @@ impl<P, R: Clone> Ledger<P, R> {
             return Err(ReservationError::Unknown);
         }
         let r = records.get_mut(slot, generation, tag).expect("found above, under the same lock");
-        let answer = match r.claim(actual, now_us)? {
+        let (answer, until) = match r.claim(actual, now_us)? {
             Claim::Again(answer) => return Ok((answer, true)),
             Claim::First(adjust) => {
                 let amounts = r.amounts(actual)?;
@@ -623,10 +618,9 @@ impl<P, R: Clone> Ledger<P, R> {
                 r.settled = Some((amounts, answer.clone()));
                 r.parts = Vec::new();
                 r.retain_until_us = r.retain_until_us.min(now_us.saturating_add(SETTLED_KEPT_US));
-                answer
+                (answer, r.retain_until_us)
             }
         };
-        let until = records.get_mut(slot, generation, tag).map_or(now_us, |r| r.retain_until_us);
         records.settled.push_back((until, slot, generation));
         Ok((answer, false))
     }

@@ -254,26 +254,15 @@ impl<S: Store> Service<S> {
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
         let mut checks = checks_of(req, &planned);
-        let mut keep = estimate.is_none();
-        if let Some(estimate) = estimate {
-            for c in &mut checks {
-                if let Some(cost) = &c.rule.cost {
-                    c.hits = estimate(cost);
-                    keep = true;
+        let (outcome, id) = match estimate {
+            Some(estimate) => self.limiter.meter(&mut checks, estimate).await,
+            None => match self.limiter.reserve(&checks).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.metrics.request(protocol, None, started.elapsed());
+                    return Err(e.into());
                 }
-            }
-        }
-        let reserved = match keep {
-            true => self.limiter.reserve(&checks).await,
-            false => Err(ReservationError::Unsupported("no limit has a cost")),
-        };
-        let (outcome, id) = match (reserved, estimate) {
-            (Ok(r), _) => r,
-            (Err(_), Some(_)) => (self.limiter.check(&checks).await, None),
-            (Err(e), None) => {
-                self.metrics.request(protocol, None, started.elapsed());
-                return Err(e.into());
-            }
+            },
         };
         let decided = self.answer(req, &planned, &checks, &outcome);
         self.metrics.request(protocol, Some(decided.answer.allowed), started.elapsed());

@@ -181,21 +181,10 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
         let mut checks = checks_of(&planned);
-        let mut metered = false;
-        for c in &mut checks {
-            if let Some(cost) = &c.rule.cost {
-                c.hits = estimate(cost, facts.headers, facts.body);
-                metered = true;
-            }
-        }
-        // A store that cannot keep reservations: decided as an ordinary
-        // request (its failure policies), not metered.
-        if metered && let Ok((outcome, id)) = self.limiter.reserve(&checks).await {
-            let meter = id.map(|id| Meter::of(id, &checks, &outcome.verdicts));
-            return Ok(Reserved { answer: Answer::of(&checks, outcome.view()), meter });
-        }
-        let outcome = self.limiter.check(&checks).await;
-        Ok(Reserved::unmetered(Answer::of(&checks, outcome.view())))
+        let estimate = |cost: &rules::cost::Cost| estimate(cost, facts.headers, facts.body);
+        let (outcome, id) = self.limiter.meter(&mut checks, &estimate).await;
+        let meter = id.map(|id| Meter::of(id, &checks, &outcome.verdicts));
+        Ok(Reserved { answer: Answer::of(&checks, outcome.view()), meter })
     }
 
     async fn settle(&self, id: ReservationId, actual: &[u64]) {

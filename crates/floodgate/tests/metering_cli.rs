@@ -8,7 +8,7 @@
 
 use crate::cli;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::time::Duration;
 
 use cli::{Served, http};
@@ -94,15 +94,7 @@ fn chat(proxy: &str, tenant: &str, fake: &str, body: &str) -> (u16, String, Stri
 /// A request for tenant acme on a raw connection, its response left to
 /// the caller (read whole, in part, or not at all).
 fn request(proxy: &str, fake: &str, body: &str) -> std::net::TcpStream {
-    let mut c = std::net::TcpStream::connect(proxy).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        c,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-tenant: acme\r\nx-fake: {fake}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    c
+    cli::send(proxy, "POST", "/v1/chat/completions", body, &format!("x-tenant: acme\r\nx-fake: {fake}\r\n"))
 }
 
 fn metered(store: &[&str], name: &str) {

@@ -359,7 +359,7 @@ impl RedisStore {
                 }
                 2 => return Err(ReservationError::Unknown),
                 3 => {
-                    let c = conflict.get_or_insert_with(|| amounts.clone());
+                    let c = conflict.get_or_insert_with(|| amounts.to_vec());
                     for (&j, v) in g.iter().zip(values[2..].chunks_exact(SETTLE_STRIDE)) {
                         c[j] = u64::try_from(v[0]).unwrap_or(0);
                     }

@@ -30,8 +30,8 @@ use floodgate_core::Store;
 use floodgate_core::reservation::ReservationId;
 use floodgate_core::rules::cost::Metering;
 use floodgate_tower::{
-    Answer, Decide, DecideError, MeteredBody, PeerAddr, RateLimitLayer, RequestFacts, Reserved, TrustedProxies,
-    build_descriptors, descriptor_templates, estimate, ip_str,
+    Answer, Decide, DecideError, PeerAddr, RateLimitLayer, RequestFacts, Reserved, TrustedProxies, build_descriptors,
+    descriptor_templates, estimate, ip_str,
 };
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -227,10 +227,6 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
 
 /// A response body of the proxy: the upstream's, streamed, or one made here.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
-
-/// A response body as the proxy's client gets it (metered when its
-/// request is).
-pub type ClientBody = MeteredBody<ProxyBody>;
 
 /// Forwards requests to the upstream (the service inside the rate-limit
 /// layer). Never fails: upstream errors become 502 and 504 responses.

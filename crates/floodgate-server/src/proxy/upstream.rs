@@ -32,12 +32,12 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// A request body as the proxy forwards it: the client's, after what the
 /// metering read of it.
 pub(crate) type Outgoing = floodgate_tower::RequestBody<Incoming>;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 /// An idle connection is closed after this long.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);

@@ -229,8 +229,7 @@ pub(crate) fn replay(reqs: &[Req], limit: &Limit, way: Way) -> Result<Outcome, F
 
 /// A store future that is ready at once (the memory store's).
 fn at_once<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+    match floodgate_core::store::ready_at_once(f) {
         std::task::Poll::Ready(v) => v,
         std::task::Poll::Pending => unreachable!("the memory store answers at once"),
     }

@@ -177,7 +177,20 @@ pub fn http_full(addr: &str, method: &str, path: &str, body: &str) -> (u16, Stri
 
 /// [`http_full`] with `extra` header lines (each ending in `\r\n`).
 pub fn http_with(addr: &str, method: &str, path: &str, body: &str, extra: &str) -> (u16, String, String) {
-    use std::io::{Read, Write};
+    use std::io::Read;
+    let mut s = send(addr, method, path, body, extra);
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (code, head.to_owned(), body.to_owned())
+}
+
+/// Send a plain HTTP/1.1 request (`Connection: close`, a JSON body, `extra`
+/// header lines) on a new connection, its answer left to the caller (read
+/// whole, in part, or not at all; reads time out after 5 s).
+pub fn send(addr: &str, method: &str, path: &str, body: &str, extra: &str) -> std::net::TcpStream {
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
@@ -186,11 +199,7 @@ pub fn http_with(addr: &str, method: &str, path: &str, body: &str, extra: &str) 
         body.len()
     )
     .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (code, head.to_owned(), body.to_owned())
+    s
 }
 
 /// Wait for `cond`, checking every 50 ms; fails the test with `what` after

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::limits::parse_ppm;
-use super::{FileParser, RateLimitFields, describe};
+use super::{FileParser, RateLimitFields, describe, is_header_token};
 use crate::region::Scope;
 use crate::rules::cost::{Actual, Cost, Estimate, EstimateFrom, MAX_WEIGHT, ONE, Weight, Weights};
 use crate::rules::yaml::Node;
@@ -204,8 +204,7 @@ impl FileParser<'_> {
     /// An HTTP header name (kept lowercase).
     fn header_name(&mut self, node: &Node, field: &str) -> Option<Arc<str>> {
         let name = self.string(node, field)?;
-        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-        if name.is_empty() || !name.bytes().all(token) {
+        if !is_header_token(&name) {
             self.error(
                 node.pos(),
                 field,

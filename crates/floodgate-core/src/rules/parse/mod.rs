@@ -592,6 +592,11 @@ fn where_key_belongs(name: &str) -> &'static str {
     }
 }
 
+/// An HTTP header name: a non-empty token (RFC 9110 5.6.2).
+fn is_header_token(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 fn describe(node: &Node) -> String {
     match node {
         Node::Scalar { value, .. } if !node.is_null() => format!("`{value}`"),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::{
     ACTION_KEYS, BODY_FIELD_KEYS, FileParser, Flags, GENERIC_KEY_KEYS, REQUEST_DESCRIPTOR_KEYS, REQUEST_HEADERS_KEYS,
-    check_tier_name, describe,
+    check_tier_name, describe, is_header_token,
 };
 use crate::region::Scope;
 use crate::rules::Pos;
@@ -189,11 +189,8 @@ impl FileParser<'_> {
         let header_pos = header.as_ref().map(|h| h.1).unwrap_or(v.pos());
         let header = required(self, header, "header_name", "x-api-key")?.to_ascii_lowercase();
         let key = required(self, key, "descriptor_key", "api_key")?;
-        let valid = if header.starts_with(':') {
-            PSEUDO_HEADERS.contains(&header.as_str())
-        } else {
-            header.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-        };
+        let valid =
+            if header.starts_with(':') { PSEUDO_HEADERS.contains(&header.as_str()) } else { is_header_token(&header) };
         if !valid {
             self.error(
                 header_pos,

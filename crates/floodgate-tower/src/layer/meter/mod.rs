@@ -82,12 +82,15 @@ impl Reserved {
 pub fn estimate(cost: &Cost, headers: &HeaderMap, body: Option<&serde_json::Value>) -> u64 {
     let read = match &cost.estimate.from {
         EstimateFrom::Constant => None,
-        EstimateFrom::Header(name) => {
-            headers.get(&**name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
-        }
+        EstimateFrom::Header(name) => header_number(headers, name),
         EstimateFrom::Body(names) => body.and_then(|b| names.iter().find_map(|n| b.get(&**n)?.as_u64())),
     };
     cost.estimate.of(read)
+}
+
+/// A header's value read as a whole number (`None`: missing or not one).
+fn header_number(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
 }
 
 /// Meters the requests of a rules domain whose limits have a `cost`, and

@@ -113,9 +113,7 @@ impl Tally {
             .parts
             .iter()
             .map(|p| match &p.actual {
-                Some(Actual::Header(name)) => {
-                    headers.get(&**name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
-                }
+                Some(Actual::Header(name)) => super::header_number(headers, name),
                 _ => None,
             })
             .collect();
