@@ -138,25 +138,27 @@ impl Metrics {
         &self.dashboard
     }
 
-    /// The dashboard's second: each rule's counters into its history.
-    pub fn tick(&self) {
+    /// The dashboard's second, ending at `now_s` (Unix seconds): each
+    /// rule's counters into its history.
+    pub fn tick(&self, now_s: u64) {
         if !self.dashboard.is_on() {
             return;
         }
         let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
         for c in map.values().flat_map(HashMap::values) {
-            c.watch.tick(&self.dashboard, c.series());
+            c.watch.tick(&self.dashboard, c.series(), now_s);
         }
     }
 
     /// Every watched rule's dashboard data (its `top` heaviest keys per
-    /// table), by domain and rule.
-    pub fn dashboard_json(&self, top: usize) -> Value {
+    /// table, its history over `range`, an index into
+    /// [`crate::dashboard::history::RANGES`]), by domain and rule.
+    pub fn dashboard_json(&self, top: usize, range: usize) -> Value {
         let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
         let mut rules = Vec::new();
         for (domain, by_rule) in map.iter() {
             for (rule, c) in by_rule {
-                let mut data = c.watch.to_json(top);
+                let mut data = c.watch.to_json(top, range);
                 if let Value::Object(o) = &mut data {
                     o.insert("domain".into(), json!(domain));
                     o.insert("rule".into(), json!(rule));
@@ -169,7 +171,7 @@ impl Metrics {
         rules.sort_by(|a, b| {
             (a["domain"].as_str(), a["rule"].as_str()).cmp(&(b["domain"].as_str(), b["rule"].as_str()))
         });
-        json!({ "rules": rules, "budget": self.dashboard.budget() })
+        json!({ "rules": rules, "peers": self.dashboard.peers_json(range), "budget": self.dashboard.budget() })
     }
 
     /// Count one request: `Some(allowed)` when decided, `None` when refused

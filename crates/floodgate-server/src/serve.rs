@@ -503,15 +503,21 @@ impl Bound {
             })
         };
 
-        // The dashboard's second (nothing when it is off).
+        // The dashboard's second (nothing when it is off): the rules'
+        // counters and the peer regions' health into their histories.
         let ticker = {
-            let metrics = service.metrics().clone();
+            let service = service.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                while metrics.dashboard().is_on() {
+                while service.metrics().dashboard().is_on() {
                     tick.tick().await;
-                    metrics.tick();
+                    let now_s =
+                        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    service.metrics().tick(now_s);
+                    if let Some(regions) = service.store().regions_health() {
+                        service.metrics().dashboard().tick_peers(&regions, now_s);
+                    }
                 }
             })
         };

@@ -122,6 +122,41 @@ impl LimitInfo {
     }
 }
 
+/// Where a limit that applies to a descriptor comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitFrom {
+    /// The rules files' match.
+    Rules,
+    /// The descriptor's per-key entry, naming this tier of its domain.
+    Tier(&'static str),
+    /// The descriptor's per-key entry, with limits of its own.
+    PerKey,
+    /// The request carried it (envoy's descriptor `limit`).
+    Request,
+}
+
+/// One limit of [`Service::peek`]: its counters now and where it comes
+/// from.
+#[derive(Debug, Clone)]
+pub struct Peeked {
+    /// The store's counter key.
+    pub counter_key: String,
+    /// The limit.
+    pub info: LimitInfo,
+    /// What a request of 0 hits is answered now.
+    pub decision: Decision,
+    /// The rule's label in the metrics and the dashboard (its name, else
+    /// its stats key).
+    pub rule: String,
+    /// Where the rule is written (`file:line:col`): for the files' rules
+    /// and tiers.
+    pub at: Option<String>,
+    /// Where it comes from.
+    pub from: LimitFrom,
+    /// Counted and reported, never denying.
+    pub shadow: bool,
+}
+
 /// A decided request: its answer (the one every adapter gives, with the
 /// limit its rate-limit headers describe), and RLS's status per
 /// descriptor beside it (the HTTP API reports them too).
@@ -289,15 +324,42 @@ impl<S: Store> Service<S> {
     }
 
     /// The current counters of every limit applying to the request's
-    /// descriptors, taking nothing (each limit peeked with 0 hits).
-    pub async fn peek(&self, req: &Request) -> Result<Vec<(String, LimitInfo, Decision)>, RequestError> {
+    /// descriptors, taking nothing (each limit peeked with 0 hits), and
+    /// where each limit comes from.
+    pub async fn peek(&self, req: &Request) -> Result<Vec<Peeked>, RequestError> {
         let sources = self.sources(req).await?;
         let mut out = Vec::new();
-        for (_, key, rule) in plan(req, &sources, self.keys.as_deref()) {
+        for (d, key, rule) in plan(req, &sources, self.keys.as_deref()) {
             if let Some(limit) = &rule.limit
-                && let Ok(d) = self.limiter.store().apply(&key, limit, 0).await
+                && let Ok(decision) = self.limiter.store().apply(&key, limit, 0).await
             {
-                out.push((key, LimitInfo::of(rule, limit), d));
+                let from = match (sources.inline.get(d), sources.keyed.get(d)) {
+                    (Some(Some(_)), _) => LimitFrom::Request,
+                    (_, Some(Some(Limits::Tier(t))))
+                        if sources.rules.domain(&req.domain).is_some_and(|dm| dm.tier(t).is_some()) =>
+                    {
+                        LimitFrom::Tier(t)
+                    }
+                    (_, Some(Some(Limits::Own(_)))) => LimitFrom::PerKey,
+                    _ => LimitFrom::Rules,
+                };
+                let at = match from {
+                    LimitFrom::Rules | LimitFrom::Tier(_) => sources.rules.domain(&req.domain).map(|dm| {
+                        let file =
+                            sources.rules.files().get(dm.file()).map(|p| p.display().to_string()).unwrap_or_default();
+                        format!("{file}:{}:{}", rule.source.pos.line, rule.source.pos.col)
+                    }),
+                    LimitFrom::PerKey | LimitFrom::Request => None,
+                };
+                out.push(Peeked {
+                    counter_key: key,
+                    info: LimitInfo::of(rule, limit),
+                    decision,
+                    rule: rule.name.as_deref().unwrap_or(&rule.stats_key).to_owned(),
+                    at,
+                    from,
+                    shadow: rule.shadow_mode,
+                });
             }
         }
         Ok(out)

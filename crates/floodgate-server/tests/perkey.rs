@@ -70,7 +70,7 @@ fn resolve(
         hits_addend: 0,
     };
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|(key, info, _)| (key, info.requests_per_unit)).collect()
+    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|p| (p.counter_key, p.info.requests_per_unit)).collect()
 }
 
 #[test]

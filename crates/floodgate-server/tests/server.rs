@@ -818,7 +818,7 @@ async fn dashboard_shows_rule_rates_and_top_keys_behind_the_token() {
         let rule = v["dashboard"]["rules"].as_array().unwrap().iter().find(|r| r["rule"] == "per_user").cloned();
         let rule = rule.unwrap_or_default();
         let denied: u64 =
-            rule["per_second"]["denied"].as_array().map_or(0, |a| a.iter().map(|x| x.as_u64().unwrap()).sum());
+            rule["history"]["denied"].as_array().map_or(0, |a| a.iter().map(|x| x.as_u64().unwrap()).sum());
         if denied > 0 {
             break rule;
         }
@@ -833,8 +833,16 @@ async fn dashboard_shows_rule_rates_and_top_keys_behind_the_token() {
     assert_eq!(rule["top_denials"]["keys"][0]["key"], "user=flooder");
     assert_eq!(rule["top_denials"]["keys"][0]["count"], 27);
     assert_eq!(rule["top_hits"]["bound"], 0, "fewer keys than counters: exact");
+    assert_eq!(rule["history"]["step_s"], 1);
     let (st, _, v) = call(&c, "GET", url("/admin/v1/dashboard?top=1000"), "", auth).await;
     assert_eq!((st, &v["field"]), (400, &json!("top")), "{v}");
+    let (st, _, v) = call(&c, "GET", url("/admin/v1/dashboard?range=1w"), "", auth).await;
+    assert_eq!((st, &v["field"]), (400, &json!("range")), "{v}");
+    let (st, _, v) = call(&c, "GET", url("/admin/v1/dashboard?range=1h"), "", auth).await;
+    assert_eq!((st, &v["range"]), (200, &json!("1h")), "{v}");
+    let hour =
+        &v["dashboard"]["rules"].as_array().unwrap().iter().find(|r| r["rule"] == "per_user").unwrap()["history"];
+    assert_eq!(hour["step_s"], 10, "{hour}");
 
     // The stream: a JSON line a second, with the token.
     let resp = c

@@ -59,8 +59,10 @@ fn asset(body: &'static str, kind: &'static str) -> Response {
     r
 }
 
-/// The dashboard's data now, with the `top` heaviest keys per table.
-pub async fn snapshot<S: Backend>(service: &Service<S>, top: usize) -> Value {
+/// The dashboard's data now, with the `top` heaviest keys per table and
+/// the histories over `range` (an index into
+/// [`crate::dashboard::history::RANGES`]).
+pub async fn snapshot<S: Backend>(service: &Service<S>, top: usize, range: usize) -> Value {
     let asked = Instant::now();
     let (_, mut status) = crate::protocol::http::readiness(service, false).await;
     let round_trip = asked.elapsed();
@@ -78,20 +80,21 @@ pub async fn snapshot<S: Backend>(service: &Service<S>, top: usize) -> Value {
     json!({
         "now_unix_ms": now_ms,
         "status": status,
-        "dashboard": service.metrics().dashboard_json(top),
+        "range": crate::dashboard::history::RANGES[range].0,
+        "dashboard": service.metrics().dashboard_json(top, range),
     })
 }
 
 /// [`snapshot`] once a second as NDJSON, until the client stops reading
 /// (its body is dropped) or `draining` is set.
-pub fn stream<S: Backend>(service: Arc<Service<S>>, top: usize, draining: Arc<AtomicBool>) -> Response {
+pub fn stream<S: Backend>(service: Arc<Service<S>>, top: usize, range: usize, draining: Arc<AtomicBool>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !draining.load(Relaxed) {
             tick.tick().await;
-            let mut line = snapshot(&service, top).await.to_string();
+            let mut line = snapshot(&service, top, range).await.to_string();
             line.push('\n');
             if tx.send(Ok(Bytes::from(line))).await.is_err() {
                 break;

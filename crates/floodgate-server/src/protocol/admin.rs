@@ -14,7 +14,7 @@
 //! | `GET /admin/v1/tiers` | entries per (domain, tier) |
 //! | `/admin/v1/overrides` | the same as `/admin/v1/keys` (GET, PUT, DELETE), as before tiers: listings under `overrides` |
 //! | `POST /admin/v1/counters` | one descriptor's current counters, without taking anything: `{"domain", "descriptor": [...]}` |
-//! | `GET /admin/v1/dashboard` | the dashboard's data now (`?top=N` keys per table, default 10): status, store health, per-rule decisions per second and top keys |
+//! | `GET /admin/v1/dashboard` | the dashboard's data now (`?top=N` keys per table, default 10; `?range=5m`, `1h` or `1d`): status, store health, per-rule decisions over the range and top keys, peer regions over the range |
 //! | `GET /admin/v1/dashboard/stream` | the same, one JSON line a second (NDJSON, streamed) for as long as the client reads |
 //!
 //! The dashboard page itself (`GET /dashboard`, its two assets, and
@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use crate::Backend;
 use crate::protocol::http::{ApiError, body, error};
 use crate::protocol::json::parse;
-use crate::service::{Descriptor, Request as RlRequest, Service};
+use crate::service::{Descriptor, LimitFrom, Request as RlRequest, Service};
 use floodgate_perkey::{Entry, KeyError, KeySpec, MAX_BATCH, PerKey};
 
 /// What the admin handlers share.
@@ -128,6 +128,9 @@ const IMPORT_BODY_LIMIT: usize = 16 << 20;
 
 async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let current = state.service.rules().current();
+    // Per-key entries by (domain, tier; "" for their own limits).
+    let counts: std::collections::HashMap<(String, String), u64> =
+        state.service.keys().map(|k| k.counts().into_iter().map(|(d, t, n)| ((d, t), n)).collect()).unwrap_or_default();
     let mut domains: Vec<Value> = current
         .domains()
         .map(|d| {
@@ -137,6 +140,7 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
                 .map(|r| {
                     json!({
                         "descriptor": r.stats_key,
+                        "rule": r.name.as_deref().unwrap_or(&r.stats_key),
                         "name": r.name.as_deref(),
                         "unlimited": r.limit.is_none(),
                         "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
@@ -159,18 +163,25 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
                         .iter()
                         .map(|r| {
                             json!({
+                                "rule": r.name.as_deref().unwrap_or(&r.stats_key),
                                 "name": r.name.as_deref(),
                                 "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
                                 "limit": r.limit.as_ref().map(|l| l.limit()),
                                 "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
+                                "burst": r.limit.as_ref().map(|l| l.burst()),
+                                "unlimited": r.limit.is_none(),
+                                "at": format!("{file}:{}:{}", r.source.pos.line, r.source.pos.col),
                             })
                         })
                         .collect();
-                    json!({ "tier": name, "limits": limits, "at": format!("{file}:{}:{}", t.pos.line, t.pos.col) })
+                    let entries = counts.get(&(d.name().to_owned(), name.to_owned())).copied().unwrap_or(0);
+                    json!({ "tier": name, "limits": limits, "entries": entries, "at": format!("{file}:{}:{}", t.pos.line, t.pos.col) })
                 })
                 .collect();
             tiers.sort_by(|a, b| a["tier"].as_str().cmp(&b["tier"].as_str()));
-            json!({ "domain": d.name(), "file": file, "rules": rules, "tiers": tiers })
+            // Per-key entries with limits of their own (not a tier's).
+            let own = counts.get(&(d.name().to_owned(), String::new())).copied().unwrap_or(0);
+            json!({ "domain": d.name(), "file": file, "rules": rules, "tiers": tiers, "own_entries": own })
         })
         .collect();
     domains.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
@@ -281,39 +292,49 @@ async fn tiers<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Result<Re
     Ok(axum::Json(json!({ "tiers": rows, "total": k.total() })).into_response())
 }
 
-/// `?top=N` of the dashboard's calls.
+/// `?top=N&range=5m|1h|1d` of the dashboard's calls.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TopQuery {
+struct DashQuery {
     top: Option<usize>,
+    range: Option<String>,
 }
 
-fn top_of(
-    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<usize, ApiError> {
-    let axum::extract::Query(q) =
-        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "query", format!("{}; give top=N", e.body_text())))?;
+type DashQueryResult = Result<axum::extract::Query<DashQuery>, axum::extract::rejection::QueryRejection>;
+
+/// The keys per table (default 10) and the range's index (default `5m`).
+fn dash_query(query: DashQueryResult) -> Result<(usize, usize), ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "query", format!("{}; give top=N and range=5m, 1h or 1d", e.body_text()))
+    })?;
     let max = crate::dashboard::topkeys::TOP_KEYS;
-    match q.top.unwrap_or(10) {
-        n @ 1.. if n <= max => Ok(n),
-        _ => Err(ApiError::new(StatusCode::BAD_REQUEST, "top", format!("give 1 to {max}"))),
-    }
+    let top = match q.top.unwrap_or(10) {
+        n @ 1.. if n <= max => n,
+        _ => return Err(ApiError::new(StatusCode::BAD_REQUEST, "top", format!("give 1 to {max}"))),
+    };
+    let range = match q.range.as_deref() {
+        None => 0,
+        Some(r) => crate::dashboard::history::range_named(r).ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "range", format!("\"{r}\" is not a range; give 5m, 1h or 1d"))
+        })?,
+    };
+    Ok((top, range))
 }
 
 async fn dashboard<S: Backend>(
     State(state): State<Arc<AdminState<S>>>,
-    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+    query: DashQueryResult,
 ) -> Result<Response, ApiError> {
-    let top = top_of(query)?;
-    Ok(axum::Json(crate::dashboard::page::snapshot(&state.service, top).await).into_response())
+    let (top, range) = dash_query(query)?;
+    Ok(axum::Json(crate::dashboard::page::snapshot(&state.service, top, range).await).into_response())
 }
 
 async fn dashboard_stream<S: Backend>(
     State(state): State<Arc<AdminState<S>>>,
-    query: Result<axum::extract::Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+    query: DashQueryResult,
 ) -> Result<Response, ApiError> {
-    let top = top_of(query)?;
-    Ok(crate::dashboard::page::stream(state.service.clone(), top, state.draining.clone()))
+    let (top, range) = dash_query(query)?;
+    Ok(crate::dashboard::page::stream(state.service.clone(), top, range, state.draining.clone()))
 }
 
 async fn set<S: Backend>(
@@ -414,23 +435,36 @@ async fn counters<S: Backend>(
         }],
     };
     let limits = state.service.peek(&req).await.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "descriptor", e))?;
-    {
-        {
-            let limits: Vec<Value> = limits
-                .into_iter()
-                .map(|(key, info, d)| {
-                    json!({
-                        "counter_key": key,
-                        "name": info.name.as_deref(),
-                        "algorithm": info.algorithm,
-                        "limit": info.requests_per_unit,
-                        "window_ms": info.window.as_millis(),
-                        "remaining": d.remaining,
-                        "reset_after_us": d.reset_after_us(),
-                    })
-                })
-                .collect();
-            Ok(axum::Json(json!({ "matched": !limits.is_empty(), "limits": limits })).into_response())
-        }
-    }
+    let limits: Vec<Value> = limits
+        .into_iter()
+        .map(|p| {
+            let (from, tier) = match p.from {
+                LimitFrom::Rules => ("rules", None),
+                LimitFrom::Tier(t) => ("tier", Some(t)),
+                LimitFrom::PerKey => ("per_key", None),
+                LimitFrom::Request => ("request", None),
+            };
+            let limit = p.info.requests_per_unit;
+            json!({
+                "counter_key": p.counter_key,
+                "rule": p.rule,
+                "name": p.info.name.as_deref(),
+                "from": from,
+                "tier": tier,
+                "at": p.at,
+                "shadow": p.shadow,
+                "algorithm": p.info.algorithm,
+                "limit": limit,
+                "window_ms": p.info.window.as_millis(),
+                "used": limit.saturating_sub(p.decision.remaining),
+                "remaining": p.decision.remaining,
+                "reset_after_us": p.decision.reset_after_us(),
+                // A request of one hit would be denied now (shadow rules
+                // never deny).
+                "limited_now": p.decision.remaining == 0 && !p.shadow,
+            })
+        })
+        .collect();
+    let limited = limits.iter().any(|l| l["limited_now"] == json!(true));
+    Ok(axum::Json(json!({ "matched": !limits.is_empty(), "limited_now": limited, "limits": limits })).into_response())
 }

@@ -223,6 +223,7 @@ pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (boo
             "reloads": rules.reloads(),
             "reload_failures": rules.failures(),
             "last_error": status.last_error,
+            "last_errors": status.last_errors,
             "failed_at_unix_s": ts(status.failed_at),
         },
         "warnings": rules.warnings(),

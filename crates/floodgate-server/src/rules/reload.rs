@@ -121,6 +121,8 @@ impl std::fmt::Debug for Rules {
 pub struct Status {
     /// The errors of the last failed reload, cleared by a successful one.
     pub last_error: Option<String>,
+    /// The same errors, one per entry (`file:line:col: what`).
+    pub last_errors: Vec<String>,
     /// When the rules in use were loaded.
     pub loaded_at: Option<SystemTime>,
     /// When a reload last failed.
@@ -249,6 +251,7 @@ impl Rules {
                 // never reads the error they fixed.
                 let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                 status.last_error = None;
+                status.last_errors.clear();
                 status.loaded_at = Some(SystemTime::now());
                 let set = Arc::new(set);
                 self.current.store(set.clone());
@@ -266,6 +269,7 @@ impl Rules {
                 // Counted once the error is in the status, as above.
                 let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
                 status.last_error = Some(errors.to_string());
+                status.last_errors = errors.0.iter().map(ToString::to_string).collect();
                 status.failed_at = Some(SystemTime::now());
                 self.failures.fetch_add(1, Ordering::Relaxed);
                 Err(errors)
