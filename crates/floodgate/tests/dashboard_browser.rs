@@ -358,7 +358,21 @@ fn dashboard_in_a_real_browser() {
     b.run("location.hash = '';", json!([]));
     b.wait_for("back to the list", 10, "return !document.getElementById('list-view').hidden;");
 
+    // The guide's picture: the busiest rules first, zoomed on the last
+    // minute, where the load was.
+    b.run(
+        "const o = document.getElementById('order'); o.value = 'busy'; o.dispatchEvent(new Event('change'));",
+        json!([]),
+    );
+    b.wait_for(
+        "the busiest first",
+        10,
+        "const r = document.querySelector('#rules .rule'); return r && r.dataset.rule === 'bench/bench_users';",
+    );
+    b.run("setZoom([Date.now() / 1000 - 60, Date.now() / 1000]);", json!([]));
+    b.wait_for("the zoom", 10, "return !document.getElementById('unzoom').hidden;");
     std::fs::write(shots_dir().join("dashboard.png"), b.screenshot()).unwrap();
+    b.run("setZoom(null); const o = document.getElementById('order'); o.value = 'name'; o.dispatchEvent(new Event('change'));", json!([]));
     // On a phone's width and a narrow window, nothing scrolls sideways (the
     // tables scroll in their own boxes), and no count breaks mid-digit.
     for width in [1400, 820, 400] {

@@ -728,7 +728,7 @@ function updateRow(row, r) {
   const info = ruleInfo(r.domain, r.rule);
   row.tags.replaceChildren();
   if (info.kind === 'tier') {
-    row.tags.append(el('span', { class: 'tag perkey', text: `per-key tier ${info.tier}` }),
+    row.tags.append(el('a', { class: 'tag perkey', href: '#tier-' + r.domain + '-' + info.tier, text: `per-key tier ${info.tier}` }),
       el('span', { class: 'muted', text: ` (${entriesText(info.entries)}; replaces the files' rules for their descriptors)` }));
   } else if (info.kind === 'own') {
     row.tags.append(el('span', { class: 'tag perkey', text: 'per-key entries\' own limits' }));
@@ -750,7 +750,10 @@ function updateRow(row, r) {
   drawChart(row.chart, ruleSpec(h), 44);
   row.tops.replaceChildren(topList('top keys by hits', 'top-hits', r.top_hits, r.top_since_unix_s, 'hits'),
     topList('top keys by denials', 'top-denials', r.top_denials, r.top_since_unix_s, 'denials'));
-  if (r.unsketched) row.tops.append(el('div', { class: 'muted', text: `${num(r.unsketched)} hits not in these tables (counted while busy)` }));
+  if (r.unsketched) {
+    const n = r.unsketched;
+    row.tops.append(el('div', { class: 'muted', text: `${num(n)} hit${n === 1 ? '' : 's'} not in these tables (the table was busy)` }));
+  }
 }
 
 // ---- a rule's page ----
@@ -899,7 +902,7 @@ async function loadRules() {
       }
       for (const t of d.tiers || []) {
         loaded.tiers.push(Object.assign({ domain: d.domain }, t));
-        tiers.append(el('tr', { 'data-tier': d.domain + '/' + t.tier }, el('td', { text: d.domain }), el('td', { text: t.tier }),
+        tiers.append(el('tr', { 'data-tier': d.domain + '/' + t.tier, id: 'tier-' + d.domain + '-' + t.tier }, el('td', { text: d.domain }), el('td', { text: t.tier }),
           el('td', { text: (t.limits || []).map(limitText).join('; ') }),
           el('td', { class: 'entries', text: num(t.entries || 0) }), el('td', { class: 'at', text: t.at })));
       }
