@@ -202,7 +202,7 @@ impl Metrics {
             };
             self.store_errors[kind].fetch_add(1, Relaxed);
         }
-        let label = rule.name.as_deref().unwrap_or(&rule.stats_key);
+        let label = rule.label();
         let counters = {
             let map = self.rules.read().unwrap_or_else(PoisonError::into_inner);
             map.get(domain).and_then(|m| m.get(label)).cloned()

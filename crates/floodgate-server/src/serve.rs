@@ -512,8 +512,7 @@ impl Bound {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while service.metrics().dashboard().is_on() {
                     tick.tick().await;
-                    let now_s =
-                        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    let now_s = crate::dashboard::unix_now_s();
                     service.metrics().tick(now_s);
                     if let Some(regions) = service.store().regions_health() {
                         service.metrics().dashboard().tick_peers(&regions, now_s);

@@ -141,10 +141,10 @@ pub enum LimitFrom {
 pub struct Peeked {
     /// The store's counter key.
     pub counter_key: String,
-    /// The limit.
-    pub info: LimitInfo,
-    /// What a request of 0 hits is answered now.
-    pub decision: Decision,
+    /// The limit, its capacity ([`Limit::burst`]) and what a request of 0
+    /// hits is answered now; `None` for an unlimited rule; the store's
+    /// error when it could not answer (the rule's failure policy decides).
+    pub counters: Option<Result<(LimitInfo, u64, Decision), floodgate_core::StoreError>>,
     /// The rule's label in the metrics and the dashboard (its name, else
     /// its stats key).
     pub rule: String,
@@ -330,37 +330,36 @@ impl<S: Store> Service<S> {
         let sources = self.sources(req).await?;
         let mut out = Vec::new();
         for (d, key, rule) in plan(req, &sources, self.keys.as_deref()) {
-            if let Some(limit) = &rule.limit
-                && let Ok(decision) = self.limiter.store().apply(&key, limit, 0).await
-            {
-                let from = match (sources.inline.get(d), sources.keyed.get(d)) {
-                    (Some(Some(_)), _) => LimitFrom::Request,
-                    (_, Some(Some(Limits::Tier(t))))
-                        if sources.rules.domain(&req.domain).is_some_and(|dm| dm.tier(t).is_some()) =>
-                    {
-                        LimitFrom::Tier(t)
-                    }
-                    (_, Some(Some(Limits::Own(_)))) => LimitFrom::PerKey,
-                    _ => LimitFrom::Rules,
-                };
-                let at = match from {
-                    LimitFrom::Rules | LimitFrom::Tier(_) => sources.rules.domain(&req.domain).map(|dm| {
-                        let file =
-                            sources.rules.files().get(dm.file()).map(|p| p.display().to_string()).unwrap_or_default();
-                        format!("{file}:{}:{}", rule.source.pos.line, rule.source.pos.col)
-                    }),
-                    LimitFrom::PerKey | LimitFrom::Request => None,
-                };
-                out.push(Peeked {
-                    counter_key: key,
-                    info: LimitInfo::of(rule, limit),
-                    decision,
-                    rule: rule.name.as_deref().unwrap_or(&rule.stats_key).to_owned(),
-                    at,
-                    from,
-                    shadow: rule.shadow_mode,
-                });
-            }
+            let from = match (sources.inline.get(d), keyed(&sources, &req.domain, d)) {
+                (Some(Some(_)), _) => LimitFrom::Request,
+                (_, Some((Limits::Tier(t), _))) => LimitFrom::Tier(t),
+                (_, Some((Limits::Own(_), _))) => LimitFrom::PerKey,
+                _ => LimitFrom::Rules,
+            };
+            let at = match from {
+                LimitFrom::Rules | LimitFrom::Tier(_) => {
+                    sources.rules.domain(&req.domain).map(|dm| sources.rules.at(dm, rule.source.pos))
+                }
+                LimitFrom::PerKey | LimitFrom::Request => None,
+            };
+            let counters = match &rule.limit {
+                Some(limit) => Some(
+                    self.limiter
+                        .store()
+                        .apply(&key, limit, 0)
+                        .await
+                        .map(|decision| (LimitInfo::of(rule, limit), limit.burst(), decision)),
+                ),
+                None => None,
+            };
+            out.push(Peeked {
+                counter_key: key,
+                counters,
+                rule: rule.label().to_owned(),
+                at,
+                from,
+                shadow: rule.shadow_mode,
+            });
         }
         Ok(out)
     }
@@ -451,7 +450,7 @@ struct Sources {
 /// gets the files' rules), else the files' match with `replaces` applied
 /// across the request.
 fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<Planned<'a>> {
-    let Sources { rules, keyed, inline } = sources;
+    let Sources { rules, keyed: entries, inline } = sources;
     let domain = req.domain.as_str();
     let own = |d: usize| {
         let desc = &req.descriptors[d];
@@ -459,16 +458,22 @@ fn plan<'a>(req: &Request, sources: &'a Sources, keys: Option<&PerKey>) -> Vec<P
             let l = desc.limit.map(|l| (l.requests_per_unit, l.unit.as_str())).unwrap_or_default();
             return Some((carried_key(domain, &desc.entries, u64::from(l.0), l.1), std::slice::from_ref(rule)));
         }
-        let l = keyed.get(d)?.as_ref()?;
-        if let Some(limits) = l.rules_in(rules, domain) {
+        if let Some((_, limits)) = keyed(sources, domain, d) {
             return Some((counter_key(domain, &desc.entries), limits));
         }
-        if let Some(k) = keys {
+        if let (Some(k), Some(Some(l))) = (keys, entries.get(d)) {
             k.unknown_tier(domain, l);
         }
         None
     };
     rules.plan(domain, req.descriptors.iter().map(|d| d.entries.as_slice()), own)
+}
+
+/// Descriptor `d`'s per-key entry and its limits under the rules in use
+/// (`None` without an entry, or when its tier is not in the domain's rules).
+fn keyed<'a>(sources: &'a Sources, domain: &str, d: usize) -> Option<(&'a Limits, &'a [Rule])> {
+    let l = sources.keyed.get(d)?.as_ref()?;
+    Some((l, l.rules_in(&sources.rules, domain)?))
 }
 
 /// The rules of request-carried limits, one per descriptor (empty when no

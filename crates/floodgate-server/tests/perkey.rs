@@ -70,7 +70,11 @@ fn resolve(
         hits_addend: 0,
     };
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    rt.block_on(service.peek(&req)).unwrap().into_iter().map(|p| (p.counter_key, p.info.requests_per_unit)).collect()
+    rt.block_on(service.peek(&req))
+        .unwrap()
+        .into_iter()
+        .filter_map(|p| Some((p.counter_key, p.counters?.ok()?.0.requests_per_unit)))
+        .collect()
 }
 
 #[test]

@@ -245,12 +245,16 @@ fn dashboard_in_a_real_browser() {
         json!([]),
     );
     assert!(hover.as_str().unwrap().contains("allowed: ") && hover.as_str().unwrap().contains("denied: "), "{hover}");
-    // Zoom by dragging across a chart, then back.
+    // Zoom by dragging across a chart — slowly, across the page's redraws
+    // of every second — then back.
+    let drag = "const s = document.querySelector('[data-rule=\"api/api_users\"] svg.chart'); const r = s.getBoundingClientRect();
+         s.dispatchEvent(new PointerEvent(arguments[0], {clientX: r.left + r.width * arguments[1], clientY: r.top + 30, pointerId: 1, bubbles: true}));";
+    b.run(drag, json!(["pointerdown", 0.5]));
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    b.run(drag, json!(["pointermove", 0.98]));
+    b.run(drag, json!(["pointerup", 0.98]));
     let zoomed = b.run(
-        "const s = document.querySelector('[data-rule=\"api/api_users\"] svg.chart'); const r = s.getBoundingClientRect();
-         const at = (type, x) => s.dispatchEvent(new PointerEvent(type, {clientX: x, clientY: r.top + 30, pointerId: 1, bubbles: true}));
-         at('pointerdown', r.left + r.width * 0.5); at('pointermove', r.right - 10); at('pointerup', r.right - 10);
-         return !document.getElementById('unzoom').hidden && document.getElementById('rules-title').textContent;",
+        "return !document.getElementById('unzoom').hidden && document.getElementById('rules-title').textContent;",
         json!([]),
     );
     assert!(zoomed.as_str().unwrap_or_default().contains(':'), "a zoom names its span: {zoomed}");

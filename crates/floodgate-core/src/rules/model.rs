@@ -145,6 +145,12 @@ pub const DEFAULT_RESERVATION_TTL: std::time::Duration = std::time::Duration::fr
 pub const MAX_RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
 
 impl Rule {
+    /// The rule's label in metrics and the dashboard: its `name`, else its
+    /// stats key.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.stats_key)
+    }
+
     /// A rule made of a limit alone (no name, not shadowed, failure mode
     /// `open`): e.g. the limit an RLS request's descriptor carries.
     pub fn from_limit(limit: Limit, stats_key: String) -> Rule {
@@ -331,6 +337,12 @@ impl RuleSet {
     /// The files the rules came from.
     pub fn files(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// `file:line:col` of position `pos` in `domain`'s file.
+    pub fn at(&self, domain: &Domain, pos: Pos) -> String {
+        let file = self.files.get(domain.file()).map(|p| p.display().to_string()).unwrap_or_default();
+        format!("{file}:{}:{}", pos.line, pos.col)
     }
 
     /// Things that loaded but probably do not do what was meant (e.g. an

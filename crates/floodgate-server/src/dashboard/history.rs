@@ -85,8 +85,19 @@ impl<const N: usize> History<N> {
         std::mem::size_of::<Self>() + BUCKETS * std::mem::size_of::<[u32; N]>()
     }
 
-    /// One second's values, ending at `now_s` (Unix seconds).
+    /// One second's values, ending at `now_s` (Unix seconds). Seconds
+    /// skipped since the last push (a late tick) are pushed empty first, so
+    /// every bucket stays where its time says (the late tick's values land
+    /// in its own second).
     pub fn push(&mut self, second: [u32; N], folds: &[Fold; N], now_s: u64) {
+        if self.last_s > 0 && now_s > self.last_s + 1 {
+            let missed = (now_s - self.last_s - 1).min(RANGES[2].1 as u64 * RANGES[2].2 as u64);
+            for _ in 0..missed {
+                for r in &mut self.rings {
+                    r.push([0; N], folds);
+                }
+            }
+        }
         for r in &mut self.rings {
             r.push(second, folds);
         }
@@ -99,7 +110,7 @@ impl<const N: usize> History<N> {
     /// out (a partial bucket would read as a drop).
     pub fn to_json(&self, range: usize, names: &[&str; N]) -> Value {
         let r = &self.rings[range.min(2)];
-        let end = self.last_s - u64::from(r.open_s);
+        let end = self.last_s.saturating_sub(u64::from(r.open_s));
         let mut o = serde_json::Map::new();
         o.insert("step_s".into(), json!(r.step_s));
         o.insert("end_unix_s".into(), json!(end));
@@ -159,6 +170,15 @@ mod tests {
         assert_eq!(day["end_unix_s"], n as u64);
         let fine = h.to_json(0, &["n", "g"]);
         assert_eq!(fine["g"].as_array().unwrap().last().unwrap(), ((n - 1) % 1_000) as u64);
+    }
+
+    #[test]
+    fn a_late_tick_keeps_the_buckets_on_time() {
+        let mut h = History::<2>::new();
+        h.push([1, 0], &FOLDS, 100);
+        h.push([5, 0], &FOLDS, 104); // three seconds missed
+        assert_eq!(h.to_json(0, &["n", "g"])["n"], json!([1, 0, 0, 0, 5]));
+        assert_eq!(h.to_json(0, &["n", "g"])["end_unix_s"], 104);
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub const fn peer_bytes() -> usize {
 pub struct Dashboard {
     on: bool,
     watched: AtomicUsize,
-    /// Rules that saw traffic while the budget was full.
+    /// Decisions of rules that found no place while the budget was full.
     refused: AtomicU64,
     hasher: foldhash::fast::RandomState,
     peers: Mutex<BTreeMap<String, History<4>>>,
@@ -234,7 +234,8 @@ pub struct RuleWatch {
     unsketched: AtomicU64,
 }
 
-fn unix_now_s() -> u64 {
+/// Seconds since the Unix epoch now (0 before it).
+pub fn unix_now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 

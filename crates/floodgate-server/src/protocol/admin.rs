@@ -135,47 +135,38 @@ async fn rules<S: Backend>(State(state): State<Arc<AdminState<S>>>) -> Response 
         .domains()
         .map(|d| {
             let file = current.files().get(d.file()).map(|p| p.display().to_string()).unwrap_or_default();
+            // A rule of the files or of a tier, as the dashboard and a
+            // reader want it.
+            let rule_json = |r: &floodgate_core::rules::Rule| {
+                json!({
+                    "rule": r.label(),
+                    "name": r.name.as_deref(),
+                    "unlimited": r.limit.is_none(),
+                    "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
+                    "limit": r.limit.as_ref().map(|l| l.limit()),
+                    "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
+                    "burst": r.limit.as_ref().map(|l| l.burst()),
+                    "charge": r.limit.as_ref().map(|l| l.charge().as_str()),
+                    "scope": r.scope.as_str(),
+                    "shadow_mode": r.shadow_mode,
+                    "failure_mode": r.failure_mode.as_str(),
+                    "at": current.at(d, r.source.pos),
+                })
+            };
             let rules: Vec<Value> = d
                 .rules()
                 .map(|r| {
-                    json!({
-                        "descriptor": r.stats_key,
-                        "rule": r.name.as_deref().unwrap_or(&r.stats_key),
-                        "name": r.name.as_deref(),
-                        "unlimited": r.limit.is_none(),
-                        "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
-                        "limit": r.limit.as_ref().map(|l| l.limit()),
-                        "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
-                        "burst": r.limit.as_ref().map(|l| l.burst()),
-                        "charge": r.limit.as_ref().map(|l| l.charge().as_str()),
-                        "scope": r.scope.as_str(),
-                        "shadow_mode": r.shadow_mode,
-                        "failure_mode": r.failure_mode.as_str(),
-                        "at": format!("{file}:{}:{}", r.source.pos.line, r.source.pos.col),
-                    })
+                    let mut v = rule_json(r);
+                    v["descriptor"] = json!(r.stats_key);
+                    v
                 })
                 .collect();
             let mut tiers: Vec<Value> = d
                 .tiers()
                 .map(|(name, t)| {
-                    let limits: Vec<Value> = t
-                        .rules
-                        .iter()
-                        .map(|r| {
-                            json!({
-                                "rule": r.name.as_deref().unwrap_or(&r.stats_key),
-                                "name": r.name.as_deref(),
-                                "algorithm": r.limit.as_ref().map(|l| l.algorithm().kind().as_str()),
-                                "limit": r.limit.as_ref().map(|l| l.limit()),
-                                "window_ms": r.limit.as_ref().map(|l| l.window().as_millis()),
-                                "burst": r.limit.as_ref().map(|l| l.burst()),
-                                "unlimited": r.limit.is_none(),
-                                "at": format!("{file}:{}:{}", r.source.pos.line, r.source.pos.col),
-                            })
-                        })
-                        .collect();
+                    let limits: Vec<Value> = t.rules.iter().map(rule_json).collect();
                     let entries = counts.get(&(d.name().to_owned(), name.to_owned())).copied().unwrap_or(0);
-                    json!({ "tier": name, "limits": limits, "entries": entries, "at": format!("{file}:{}:{}", t.pos.line, t.pos.col) })
+                    json!({ "tier": name, "limits": limits, "entries": entries, "at": current.at(d, t.pos) })
                 })
                 .collect();
             tiers.sort_by(|a, b| a["tier"].as_str().cmp(&b["tier"].as_str()));
@@ -444,25 +435,38 @@ async fn counters<S: Backend>(
                 LimitFrom::PerKey => ("per_key", None),
                 LimitFrom::Request => ("request", None),
             };
-            let limit = p.info.requests_per_unit;
-            json!({
+            let mut v = json!({
                 "counter_key": p.counter_key,
                 "rule": p.rule,
-                "name": p.info.name.as_deref(),
                 "from": from,
                 "tier": tier,
                 "at": p.at,
                 "shadow": p.shadow,
-                "algorithm": p.info.algorithm,
-                "limit": limit,
-                "window_ms": p.info.window.as_millis(),
-                "used": limit.saturating_sub(p.decision.remaining),
-                "remaining": p.decision.remaining,
-                "reset_after_us": p.decision.reset_after_us(),
-                // A request of one hit would be denied now (shadow rules
-                // never deny).
-                "limited_now": p.decision.remaining == 0 && !p.shadow,
-            })
+                "limited_now": false,
+            });
+            match p.counters {
+                None => v["unlimited"] = json!(true),
+                Some(Err(e)) => v["error"] = json!(format!("{e}: the rule's failure policy decides")),
+                Some(Ok((info, capacity, d))) => {
+                    let counters = json!({
+                        "name": info.name.as_deref(),
+                        "algorithm": info.algorithm,
+                        "limit": info.requests_per_unit,
+                        "capacity": capacity,
+                        "window_ms": info.window.as_millis(),
+                        "used": capacity.saturating_sub(d.remaining),
+                        "remaining": d.remaining,
+                        "reset_after_us": d.reset_after_us(),
+                        // A request of one hit would be denied now (shadow
+                        // rules never deny).
+                        "limited_now": d.remaining == 0 && !p.shadow,
+                    });
+                    if let (Value::Object(o), Value::Object(c)) = (&mut v, counters) {
+                        o.extend(c);
+                    }
+                }
+            }
+            v
         })
         .collect();
     let limited = limits.iter().any(|l| l["limited_now"] == json!(true));

@@ -202,12 +202,24 @@ async fn healthcheck<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Resp
     }
 }
 
-/// The readiness report: rules, last reload error, store.
+/// How long readiness waits for the store's ping.
+const PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The readiness report: rules, reload status, warnings, regions, and
+/// whether the store answers a ping (within [`PING_WITHIN`]).
 pub async fn readiness<S: Backend>(service: &Service<S>, draining: bool) -> (bool, Value) {
     let rules = service.rules();
     let status = rules.status();
     let current = rules.current();
-    let store = service.store().ping().await;
+    // A store that does not answer within a second is not ready (a probe
+    // waits no longer, and the dashboard's line must not wait on it).
+    let store = match tokio::time::timeout(PING_WITHIN, service.store().ping()).await {
+        Ok(r) => r,
+        Err(_) => Err(floodgate_core::StoreError::Unavailable(format!(
+            "no answer to a ping within {} ms",
+            PING_WITHIN.as_millis()
+        ))),
+    };
     let ready = !draining && store.is_ok();
     let ts = |t: Option<std::time::SystemTime>| {
         t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs())

@@ -32,6 +32,7 @@ let view = null; // the id of the rule whose page is open, or null
 const rows = new Map(); // rule id -> its row's parts
 const keySamples = new Map(); // on a rule's page: key -> [[t, count]]
 let keyCounters = new Map(); // on a rule's page: key -> counters answer
+let lastSampled = 0; // on a rule's page: when its keys were last sampled
 
 function authHeaders(extra) {
   const h = Object.assign({}, extra || {});
@@ -126,12 +127,16 @@ function perWindow(ms) {
   return `${ms.toLocaleString('en')} ms`;
 }
 
+// Whether an algorithm has a burst of its own (the GCRA family).
+function bursty(algorithm) {
+  return /bucket|gcra/.test(algorithm || '');
+}
+
 // "20,000 per hour", "10 per second, bursts of 20": a burst only where the
 // algorithm has one.
 function limitText(r) {
   if (r.unlimited) return 'unlimited';
-  const bursty = /bucket|gcra/.test(r.algorithm || '');
-  const burst = bursty && r.burst ? `, bursts of ${r.burst.toLocaleString('en')}` : '';
+  const burst = bursty(r.algorithm) && r.burst ? `, bursts of ${r.burst.toLocaleString('en')}` : '';
   return `${r.limit.toLocaleString('en')} per ${perWindow(r.window_ms)}${burst}`;
 }
 
@@ -146,7 +151,7 @@ function ownLimitsText(limits) {
     const per = l.unit ? String(l.unit).toLowerCase() : (l.window || '?');
     const parts = [`${n.toLocaleString('en')} per ${per}`];
     if (l.algorithm && l.algorithm !== 'fixed_window') parts.push(l.algorithm.replace(/_/g, ' '));
-    if (l.burst && /bucket|gcra/.test(l.algorithm || '')) parts.push(`bursts of ${Number(l.burst).toLocaleString('en')}`);
+    if (l.burst && bursty(l.algorithm)) parts.push(`bursts of ${Number(l.burst).toLocaleString('en')}`);
     if (l.name) parts.push(`named ${l.name}`);
     return parts.join(', ');
   }).join('; ');
@@ -228,7 +233,7 @@ async function follow() {
 // Live, or stale with how long: checked twice a second, so a server that
 // dies without closing the stream shows within STALE_MS.
 function freshness() {
-  if (!snap) return;
+  if (!snap || $('main').hidden) return;
   const now = Date.now();
   const stale = lostAt !== 0 || now - lastLine > STALE_MS;
   document.body.classList.toggle('stale', stale);
@@ -246,7 +251,13 @@ function freshness() {
 // ---- charts ----
 
 // The time a chart shows: the zoom, else the whole range up to the data's end.
-function domainOf(end) {
+// The end of bucket `i` of a series whose first bucket starts at `t0`.
+function bucketEnd(t0, i, step) {
+  return t0 + (i + 1) * step;
+}
+
+function domainOf(end, spec) {
+  if (spec && spec.noZoom) return [end - (spec.window || RANGES[range][0]), end];
   if (zoom) return zoom;
   return [end - RANGES[range][0], end];
 }
@@ -279,10 +290,12 @@ function timeTicks(from, to) {
 function drawChart(box, spec, laneHeight) {
   box._spec = spec;
   box._laneHeight = laneHeight;
+  // Not under a drag: the selection would be lost (redrawn at pointerup).
+  if (box._drag) return;
   const width = Math.max(200, Math.floor(box.clientWidth || 300));
   const left = 46, right = 8, gap = 16, axis = 16;
   const h = spec.lanes.length * (laneHeight + gap) + axis;
-  const [from, to] = domainOf(spec.end);
+  const [from, to] = domainOf(spec.end, spec);
   const x = (t) => left + ((t - from) / Math.max(1, to - from)) * (width - left - right);
   const g = svg('svg', { viewBox: `0 0 ${width} ${h}`, width, height: h, role: 'img', class: 'chart' });
   const label = [];
@@ -291,7 +304,7 @@ function drawChart(box, spec, laneHeight) {
     const n = Math.max(0, ...lane.series.map((s) => s.values.length));
     const t0 = spec.end - n * spec.step;
     const visible = (i) => {
-      const t = t0 + (i + 1) * spec.step;
+      const t = bucketEnd(t0, i, spec.step);
       return t >= from && t <= to;
     };
     let max = 0;
@@ -312,7 +325,7 @@ function drawChart(box, spec, laneHeight) {
     for (const s of lane.series) {
       const vals = plotted(s.values, spec.step, lane.fold);
       const pts = [];
-      vals.forEach((v, i) => { if (visible(i)) pts.push(`${x(t0 + (i + 1) * spec.step).toFixed(1)},${y(v).toFixed(1)}`); });
+      vals.forEach((v, i) => { if (visible(i)) pts.push(`${x(bucketEnd(t0, i, spec.step)).toFixed(1)},${y(v).toFixed(1)}`); });
       if (pts.length === 1) pts.push(pts[0].replace(/^[^,]+/, (v) => String(Number(v) - 2)));
       if (pts.length) g.append(svg('polyline', { class: 'line ' + s.cls, points: pts.join(' ') }));
     }
@@ -352,7 +365,7 @@ function drawChart(box, spec, laneHeight) {
       for (const s of lane.series) {
         if (i < 0 || i >= s.values.length) continue;
         const v = plotted([s.values[i]], spec.step, lane.fold)[0];
-        at = t0 + (i + 1) * spec.step;
+        at = bucketEnd(t0, i, spec.step);
         lines.push(`${s.name}: ${num(v)}${lane.unit ? ' ' + lane.unit : ''}`);
       }
     }
@@ -375,21 +388,28 @@ function drawChart(box, spec, laneHeight) {
     $('tip').hidden = true;
   });
   g.addEventListener('pointerdown', (ev) => {
+    if (spec.noZoom) return;
     dragFrom = Math.min(to, Math.max(from, tOf(ev)));
+    box._drag = true;
     g.setPointerCapture(ev.pointerId);
   });
-  g.addEventListener('pointerup', (ev) => {
+  const endDrag = (ev, zoomIt) => {
     if (dragFrom === null) return;
     const t = Math.min(to, Math.max(from, tOf(ev)));
     const a = Math.min(dragFrom, t), b = Math.max(dragFrom, t);
     dragFrom = null;
+    box._drag = false;
     sel.setAttribute('visibility', 'hidden');
-    if (x(b) - x(a) >= 6 && b - a >= 2 * spec.step) {
+    if (zoomIt && x(b) - x(a) >= 6 && b - a >= 2 * spec.step) {
       box._hover = null;
       $('tip').hidden = true;
       setZoom([a, b]);
+    } else {
+      drawChart(box, box._spec, box._laneHeight);
     }
-  });
+  };
+  g.addEventListener('pointerup', (ev) => endDrag(ev, true));
+  g.addEventListener('pointercancel', (ev) => endDrag(ev, false));
   // A legend under the chart for lanes of more than one series (it wraps
   // on a narrow screen, where one drawn in the chart would not fit).
   const legend = el('div', { class: 'legend' });
@@ -423,7 +443,7 @@ function ruleSpec(history) {
     end: history.end_unix_s || Math.floor(Date.now() / 1000),
     lanes: [
       { label: 'allowed', unit: '/s', fold: 'sum', series: [s('allowed')] },
-      { label: 'refused', unit: '/s', fold: 'sum', series: [s('denied'), s('shadow_denied'), s('failure_policy')] },
+      { label: 'denied · by the failure policy', unit: '/s', fold: 'sum', series: [s('denied'), s('shadow_denied'), s('failure_policy')] },
     ],
   };
 }
@@ -438,7 +458,7 @@ function sums(history) {
     const v = history[name] || [];
     const t0 = end - v.length * step;
     let sum = 0;
-    v.forEach((x, i) => { const t = t0 + (i + 1) * step; if (t >= from && t <= to) sum += x; });
+    v.forEach((x, i) => { const t = bucketEnd(t0, i, step); if (t >= from && t <= to) sum += x; });
     out[name] = sum;
   }
   out.seconds = Math.max(1, Math.min(to, end) - from);
@@ -462,6 +482,11 @@ function kv(pairs) {
 
 function render(s) {
   snap = s;
+  // A zoom whose span the range no longer keeps shows nothing: let it go.
+  if (zoom && zoom[1] < s.now_unix_ms / 1000 - RANGES[range][0]) {
+    zoom = null;
+    $('unzoom').hidden = true;
+  }
   const st = s.status || {};
   const rules = st.rules || {};
   $('updated').textContent = 'updated ' + clock(s.now_unix_ms / 1000, true);
@@ -579,7 +604,7 @@ function renderOverview(rules, budget) {
   const latest = step === 1 ? 'the last second' : `the last ${duration(step)}`;
   $('ov-rate').textContent = num(rate);
   $('ov-rate').dataset.value = String(rate);
-  $('ov-rate-note').textContent = `in ${latest}, all rules; ${num(decisions / total.seconds)}/s over ${spanWords()}`;
+  $('ov-rate-note').textContent = `in ${latest}, every watched rule; ${num(decisions / total.seconds)}/s over ${spanWords()}`;
   $('ov-denied').textContent = num(denied);
   $('ov-denied').dataset.value = String(denied);
   $('ov-denied-note').textContent = `in ${latest}; ${num(total.denied / total.seconds)}/s over ${spanWords()}`;
@@ -592,7 +617,7 @@ function renderOverview(rules, budget) {
   for (const r of rules) {
     const t = r.top_denials || {};
     for (const k of t.keys || []) {
-      if (k.count - k.error > (t.bound || 0) || !t.bound) keys.push({ rule: idOf(r), key: k.key, lo: k.count - k.error, k });
+      if (surelyHeavy(t, k)) keys.push({ rule: idOf(r), key: k.key, lo: k.count - k.error, k });
     }
   }
   keys.sort((a, b) => b.lo - a.lo || a.key.localeCompare(b.key));
@@ -607,6 +632,12 @@ function renderOverview(rules, budget) {
   if (!keys.length) ol.append(el('li', { class: 'muted empty', text: none }));
 }
 
+// Whether the sketch guarantees `k` is among its table's heavy keys: its
+// count less its error still exceeds what any unlisted key could have.
+function surelyHeavy(t, k) {
+  return !t.bound || k.count - k.error > t.bound;
+}
+
 function countText(k) {
   return k.error ? `${num(k.count - k.error)}–${num(k.count)}` : num(k.count);
 }
@@ -618,7 +649,7 @@ function topList(title, cls, t, since, what) {
   t = t || { seen: 0, bound: 0, keys: [] };
   box.append(el('div', { class: 'top-title', text: `${title} since ${clock(since)}` }));
   const keys = (t.keys || []).slice().sort((a, b) => (b.count - b.error) - (a.count - a.error) || a.key.localeCompare(b.key));
-  const sure = keys.filter((k) => !t.bound || k.count - k.error > t.bound);
+  const sure = keys.filter((k) => surelyHeavy(t, k));
   const unsure = keys.length - sure.length;
   const ol = el('ol');
   for (const k of sure) ol.append(el('li', { 'data-key': k.key, text: `${k.key} — ${countText(k)}` }));
@@ -797,43 +828,63 @@ function renderRulePage(r) {
   const now = Date.now() / 1000;
   const hits = (r.top_hits || {}).keys || [];
   const denials = new Map(((r.top_denials || {}).keys || []).map((k) => [k.key, k]));
+  const held = new Set(hits.map((k) => k.key));
+  for (const m of [keySamples, keyCounters]) for (const k of [...m.keys()]) if (!held.has(k)) m.delete(k);
+  // One sample a second (a render for a zoom or a reload adds none); a gap
+  // (a hidden tab) starts the samples over.
+  if (now - lastSampled > 5) keySamples.clear();
+  const sampling = now - lastSampled >= 0.9;
+  if (sampling) lastSampled = now;
   const body = $('rv-keys').tBodies[0];
   body.replaceChildren();
   for (const k of hits) {
-    const s = keySamples.get(k.key) || [];
-    s.push([now, k.count]);
-    if (s.length > 600) s.shift();
-    keySamples.set(k.key, s);
+    if (sampling) {
+      const s = keySamples.get(k.key) || [];
+      s.push([now, k.count]);
+      if (s.length > 301) s.shift();
+      keySamples.set(k.key, s);
+    }
     const c = keyCounters.get(k.key);
     const d = denials.get(k.key);
-    const cells = c === undefined ? ['…', '…', '…'] : c === null ? ['—', '—', '—'] :
-      [`${num(c.used)} of ${num(c.limit)}`, num(c.remaining), duration(c.reset_after_us / 1e6)];
     body.append(el('tr', { 'data-key': k.key }, el('td', { text: k.key }), el('td', { text: countText(k) }),
-      el('td', { text: d ? countText(d) : '0' }), ...cells.map((t) => el('td', { class: 'counter', text: t }))));
+      el('td', { text: d ? countText(d) : '0' }), ...counterCells(c).map((t) => el('td', { class: 'counter', text: t }))));
   }
-  if (!hits.length) body.append(el('tr', {}, el('td', { class: 'muted empty', text: 'no hits yet' })));
-  $('rv-keys-note').textContent = 'Used, remaining and reset are read from the store now, taking nothing; a key cut at ' +
-    `${(snap.dashboard.budget || {}).key_bytes || 64} bytes cannot be looked up (—).`;
+  if (!hits.length) body.append(el('tr', {}, el('td', { class: 'muted empty', colspan: '6', text: 'no hits yet' })));
+  $('rv-keys-note').textContent = 'Used, remaining and reset are read from the store now, taking nothing. A key whose text ' +
+    `was cut (at ${(snap.dashboard.budget || {}).key_bytes || 64} bytes) or holds ", " or "=" in a value cannot be looked up (—).`;
   refreshCounters(r, hits.map((k) => k.key));
-  // The heaviest five over time, as rates between samples.
-  const top5 = hits.slice(0, 5).map((k) => k.key);
-  const series = top5.map((key, i) => {
-    const s = keySamples.get(key) || [];
+  // The heaviest five over time: hits per second between samples, at the
+  // samples' own times.
+  const series = hits.slice(0, 5).map((k, i) => {
+    const s = keySamples.get(k.key) || [];
     const vals = [];
-    for (let j = 1; j < s.length; j++) vals.push(Math.max(0, s[j][1] - s[j - 1][1]) / Math.max(0.5, s[j][0] - s[j - 1][0]));
-    return { name: key, cls: 'k' + i, values: vals };
+    for (let j = 1; j < s.length; j++) {
+      const slot = Math.round(s[j][0] - s[0][0]) - 1;
+      while (vals.length < slot) vals.push(0);
+      vals[slot] = Math.max(0, s[j][1] - s[j - 1][1]) / Math.max(0.5, s[j][0] - s[j - 1][0]);
+    }
+    return { name: k.key, cls: 'k' + i, values: vals, first: s.length ? s[0][0] : now };
   });
   const kb = $('rv-keys-chart');
-  const saved = zoom;
-  zoom = null;
-  const longest = Math.max(0, ...series.map((s) => s.values.length));
-  const spec = { step: 1, end: Math.floor(now), lanes: [{ label: 'hits', unit: '/s', fold: 'max', series }] };
-  const prevRange = range;
-  range = '5m';
-  if (longest) drawChart(kb, spec, 90); else kb.replaceChildren(el('p', { class: 'muted empty', text: 'sampling: a chart appears after two seconds' }));
-  range = prevRange;
-  zoom = saved;
-  kb._spec = null; // its own time base: not redrawn by a zoom
+  const longest = Math.max(0, ...series.map((x) => x.values.length));
+  if (!longest) {
+    kb.replaceChildren(el('p', { class: 'muted empty', text: 'sampling: a chart appears after two seconds' }));
+    return;
+  }
+  // Each series starts at its own first sample; the chart ends at the latest.
+  const end = Math.max(...series.map((x) => Math.round(x.first) + x.values.length));
+  for (const x of series) while (Math.round(x.first) + x.values.length < end) x.values.unshift(0);
+  drawChart(kb, { step: 1, end, noZoom: true, window: 300, lanes: [{ label: 'hits', unit: '/s', fold: 'max', series }] }, 90);
+}
+
+// The cells of a key's counters on a rule's page: used of the capacity,
+// remaining, resets in (… while asked, — when it cannot be read).
+function counterCells(c) {
+  if (c === undefined) return ['…', '…', '…'];
+  if (c === null) return ['—', '—', '—'];
+  if (c.unlimited) return ['unlimited', '—', '—'];
+  if (c.error) return [c.error, '—', '—'];
+  return [`${num(c.used)} of ${num(c.capacity)}`, num(c.remaining), duration(c.reset_after_us / 1e6)];
 }
 
 let countersBusy = false;
@@ -847,8 +898,8 @@ async function refreshCounters(r, keys) {
       try { descriptor = parseDescriptor(key); } catch (_) { keyCounters.set(key, null); continue; }
       try {
         const a = await api('POST', '/admin/v1/counters', { domain: r.domain, descriptor });
-        const l = (a.limits || []).find((x) => x.rule === r.rule) || (a.limits || [])[0];
-        keyCounters.set(key, l || null);
+        // This rule's own counters only (the key may match others).
+        keyCounters.set(key, (a.limits || []).find((x) => x.rule === r.rule) || null);
       } catch (_) { keyCounters.set(key, null); }
     }
   } finally { countersBusy = false; }
@@ -864,9 +915,10 @@ async function loadEntries() {
   try {
     const data = await api('GET', '/admin/v1/keys?' + new URLSearchParams({ domain, limit: '20' }));
     const list = (data.entries || []).filter((o) => info.kind === 'tier' ? o.tier === info.tier : info.kind === 'own' ? !o.tier : true);
-    const intro = info.kind === 'tier' ? `${num(info.entries || 0)} entries use tier ${info.tier}; the first of domain ${domain}:`
-      : info.kind === 'own' ? `Entries of domain ${domain} with their own limits (first page):`
-      : `Per-key entries of domain ${domain} replace this rule for their exact descriptors (first page):`;
+    const first = `among the first ${(data.entries || []).length} entries of domain ${domain}`;
+    const intro = info.kind === 'tier' ? `${entriesText(info.entries)} (tier ${info.tier}); those ${first}:`
+      : info.kind === 'own' ? `Entries with their own limits, ${first}:`
+      : `Per-key entries replace this rule for their exact descriptors; the first ${(data.entries || []).length} of domain ${domain}:`;
     const ul = el('ul');
     for (const o of list) ul.append(el('li', { text: descText(o.descriptor) + ' — ' + entryLimits(o) }));
     box.replaceChildren(el('p', { text: intro }), list.length ? ul : el('p', { class: 'muted empty', text: 'none' }));
@@ -943,6 +995,7 @@ async function listKeys(cursor) {
           $('edit-result').className = 'good';
           $('edit-result').textContent = 'deleted ' + descText(o.descriptor);
           listKeys(null);
+          loadRules();
         } catch (e) { $('edit-result').className = 'bad'; $('edit-result').textContent = e.message; }
       });
       body.append(el('tr', {}, el('td', { text: o.domain }),
@@ -975,7 +1028,7 @@ async function lookup() {
     const d = descText(descriptor);
     if (!a.matched) {
       out.replaceChildren(el('p', { id: 'lookup-verdict', 'data-limited': 'false',
-        text: `No limit applies to ${d} in domain ${domain}: no rule matches it, so its requests are allowed.` }));
+        text: `No limit applies to ${d} in domain ${domain}: no rule or per-key entry matches it, so its requests are allowed.` }));
       return;
     }
     const verdict = a.limited_now
@@ -987,10 +1040,16 @@ async function lookup() {
       const from = l.from === 'tier' ? `per-key entry, tier ${l.tier} (${l.at})`
         : l.from === 'per_key' ? 'per-key entry, its own limits'
         : l.from === 'request' ? 'carried by the request' : `rules, ${l.at}`;
+      const name = el('td', { text: l.rule + (l.shadow ? ' (shadow)' : '') });
+      if (l.unlimited || l.error) {
+        tb.append(el('tr', { 'data-rule': l.rule }, name, el('td', { text: from }),
+          el('td', { class: l.error ? 'bad' : '', colspan: '5', text: l.error || 'unlimited' })));
+        continue;
+      }
       tb.append(el('tr', { 'data-rule': l.rule, 'data-remaining': String(l.remaining), 'data-reset-us': String(l.reset_after_us) },
-        el('td', { text: l.rule + (l.shadow ? ' (shadow)' : '') }), el('td', { text: from }),
-        el('td', { text: limitText({ limit: l.limit, window_ms: l.window_ms, algorithm: l.algorithm }) }),
-        el('td', { text: num(l.used) }), el('td', { class: 'remaining', text: num(l.remaining) }),
+        name, el('td', { text: from }),
+        el('td', { text: limitText({ limit: l.limit, window_ms: l.window_ms, algorithm: l.algorithm, burst: l.capacity }) }),
+        el('td', { text: `${num(l.used)} of ${num(l.capacity)}` }), el('td', { class: 'remaining', text: num(l.remaining) }),
         el('td', { text: duration(l.reset_after_us / 1e6) }), el('td', { text: l.limited_now ? 'yes' : 'no' })));
     }
     t.append(tb);
@@ -1041,6 +1100,7 @@ function setup() {
       out.className = 'good';
       out.textContent = 'set';
       listKeys(null);
+      loadRules();
     } catch (e) {
       out.className = 'bad';
       out.textContent = e.message;
