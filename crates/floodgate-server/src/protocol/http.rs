@@ -203,7 +203,7 @@ async fn healthcheck<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Resp
 }
 
 /// How long readiness waits for the store's ping.
-const PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub const PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The readiness report: rules, reload status, warnings, regions, and
 /// whether the store answers a ping (within [`PING_WITHIN`]).
