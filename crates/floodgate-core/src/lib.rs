@@ -42,8 +42,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;
 pub use duration::{DurationError, HumanDuration, parse_duration};
 pub use limit::{
-    Algorithm, AlgorithmKind, Charge, LeakyMode, Limit, LimitError, MAX_GRANULARITY, MAX_LIMIT, MAX_LOG_LIMIT,
-    MAX_WINDOW, MIN_WINDOW,
+    Algorithm, AlgorithmKind, Charge, LeakyMode, Limit, LimitError, MAX_CONCURRENCY, MAX_GRANULARITY, MAX_LIMIT,
+    MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW,
 };
 pub use state::State;
 pub use store::memory::{MemoryStore, MemoryStoreBuilder, OnFull};

@@ -24,6 +24,9 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(365 * 86_400);
 /// Largest `limit` of `sliding_log`, which keeps one entry per admitted
 /// request (up to 16 bytes each) for a whole window.
 pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// Largest `concurrency` (leases held at once per key), which keeps one
+/// 24-byte lease per slot held.
+pub const MAX_CONCURRENCY: u64 = 100_000;
 /// Largest `granularity` of `sliding_buckets` (one 8-byte counter each).
 pub const MAX_GRANULARITY: u32 = 3_600;
 
@@ -112,10 +115,13 @@ pub enum AlgorithmKind {
     Gcra,
     /// See [`Algorithm::LeakyBucket`].
     LeakyBucket,
+    /// See [`Algorithm::Concurrency`] (not a rate: not in [`AlgorithmKind::ALL`]).
+    Concurrency,
 }
 
 impl AlgorithmKind {
-    /// Every algorithm, in documentation order.
+    /// Every rate algorithm, in documentation order (a concurrency limit is
+    /// written `concurrency: N`, not named as an algorithm).
     pub const ALL: [AlgorithmKind; 7] = [
         Self::FixedWindow,
         Self::SlidingLog,
@@ -136,6 +142,7 @@ impl AlgorithmKind {
             Self::TokenBucket => "token_bucket",
             Self::Gcra => "gcra",
             Self::LeakyBucket => "leaky_bucket",
+            Self::Concurrency => "concurrency",
         }
     }
 
@@ -195,6 +202,10 @@ pub enum Algorithm {
         /// Meter or shape.
         mode: LeakyMode,
     },
+    /// At most `limit` requests in flight: each holds a lease (an id and an
+    /// expiry `window` after it was taken or extended) until released or
+    /// expired. See [`Limit::acquire`].
+    Concurrency,
 }
 
 impl Algorithm {
@@ -225,6 +236,7 @@ impl Algorithm {
             AlgorithmKind::TokenBucket => Self::TokenBucket { burst },
             AlgorithmKind::Gcra => Self::Gcra { burst },
             AlgorithmKind::LeakyBucket => Self::LeakyBucket { burst, mode: mode.unwrap_or_default() },
+            AlgorithmKind::Concurrency => Self::Concurrency,
         })
     }
 
@@ -238,6 +250,7 @@ impl Algorithm {
             Self::TokenBucket { .. } => AlgorithmKind::TokenBucket,
             Self::Gcra { .. } => AlgorithmKind::Gcra,
             Self::LeakyBucket { .. } => AlgorithmKind::LeakyBucket,
+            Self::Concurrency => AlgorithmKind::Concurrency,
         }
     }
 
@@ -304,6 +317,14 @@ pub enum LimitError {
         "sliding_log keeps one entry per admitted request, so its limit is capped at {MAX_LOG_LIMIT}, not {0}: use sliding_buckets (exact at its granularity) or sliding_window for larger limits"
     )]
     LogLimitTooLarge(u64),
+    /// `concurrency` above [`MAX_CONCURRENCY`].
+    #[error(
+        "concurrency {0} is too large: a key holds one lease per slot, so the most is {MAX_CONCURRENCY}; split the key (a descriptor per backend shard) instead"
+    )]
+    ConcurrencyTooLarge(u64),
+    /// `charge: after` on a concurrency limit.
+    #[error("a concurrency limit takes its slot before the work and frees it after: remove charge")]
+    ChargeAfterConcurrency,
     /// `sliding_buckets` without `granularity`.
     #[error("sliding_buckets needs granularity: the number of sub-windows, e.g. granularity: 10")]
     GranularityMissing,
@@ -408,6 +429,7 @@ impl Limit {
         }
         match algorithm {
             Algorithm::SlidingLog if limit > MAX_LOG_LIMIT => return Err(LimitError::LogLimitTooLarge(limit)),
+            Algorithm::Concurrency if limit > MAX_CONCURRENCY => return Err(LimitError::ConcurrencyTooLarge(limit)),
             Algorithm::SlidingBuckets { granularity } => {
                 if granularity == 0 || granularity > MAX_GRANULARITY {
                     return Err(LimitError::GranularityOutOfRange(granularity));
@@ -488,6 +510,9 @@ impl Limit {
     pub fn with_charge(mut self, charge: Charge) -> Result<Self, LimitError> {
         if charge == Charge::After && matches!(self.algorithm, Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. }) {
             return Err(LimitError::ChargeAfterShaper);
+        }
+        if charge == Charge::After && self.algorithm == Algorithm::Concurrency {
+            return Err(LimitError::ChargeAfterConcurrency);
         }
         if charge != self.charge {
             // Two values: the salt toggles, so `Before` keeps the

@@ -25,6 +25,26 @@ pub(crate) enum Inner {
     Buckets(Box<[u64]>),
     /// `sliding_log`.
     Log(Box<Log>),
+    /// `concurrency`: the leases held.
+    Leases(Box<Leases>),
+}
+
+/// The leases of one key (a concurrency limit): at most the limit's count,
+/// expired ones dropped when the key is next met.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Leases {
+    pub(crate) held: Vec<Lease>,
+    /// The slots the held leases take.
+    pub(crate) used: u64,
+}
+
+/// One lease: its id (0: anonymous), when it expires (µs since the epoch)
+/// and the slots it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) id: u64,
+    pub(crate) expires_us: u64,
+    pub(crate) slots: u64,
 }
 
 /// Admitted `(time, hits)` entries of the last window, oldest first, and
@@ -46,6 +66,7 @@ impl State {
         match &self.0 {
             Inner::Buckets(b) => b.len() * 8,
             Inner::Log(l) => size_of::<Log>() + l.entries.capacity() * 16,
+            Inner::Leases(l) => size_of::<Leases>() + l.held.capacity() * size_of::<Lease>(),
             _ => 0,
         }
     }
@@ -84,6 +105,16 @@ impl State {
         match &mut self.0 {
             Inner::Buckets(b) => b,
             _ => unreachable!("state was just set to buckets"),
+        }
+    }
+
+    pub(crate) fn leases(&mut self) -> &mut Leases {
+        if !matches!(self.0, Inner::Leases(_)) {
+            self.0 = Inner::Leases(Box::default());
+        }
+        match &mut self.0 {
+            Inner::Leases(l) => l,
+            _ => unreachable!("state was just set to leases"),
         }
     }
 

@@ -48,6 +48,10 @@ pub(crate) fn algorithm(limit: &Limit) -> (&'static str, u64) {
         | Algorithm::Gcra { .. }
         | Algorithm::LeakyBucket { mode: LeakyMode::Meter, .. } => ("gc", limit.burst()),
         Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. } => ("sh", limit.burst()),
+        // Not in `entry.lua` yet: `serve` refuses concurrency limits on
+        // Redis, and the script answers an unknown code with an error (the
+        // rule's failure policy decides).
+        Algorithm::Concurrency => ("cc", 0),
     }
 }
 
@@ -189,10 +193,12 @@ impl CheckArgs {
             param,
             // A refund or a return gives back, and a late charge takes, up
             // to 2^53 - 1.
-            hits: if c.op != floodgate_core::Op::Take || after {
-                c.hits.min(floodgate_core::MAX_LIMIT)
-            } else {
-                c.hits.min(c.limit.capacity() + 1)
+            hits: match c.op {
+                floodgate_core::Op::Release { .. } | floodgate_core::Op::Extend { .. } => 0,
+                floodgate_core::Op::Take | floodgate_core::Op::Acquire { .. } if !after => {
+                    c.hits.min(c.limit.capacity() + 1)
+                }
+                _ => c.hits.min(floodgate_core::MAX_LIMIT),
             },
             flag: match (op, c.op) {
                 // 2: a refund (`entry.lua`), which never denies.
@@ -209,8 +215,16 @@ impl CheckArgs {
                         0
                     }
                 }
-                // 4 + enforce: a limit charged after the work.
-                (Op::Apply, floodgate_core::Op::Take) => u64::from(c.enforce) + if after { 4 } else { 0 },
+                // 4 + enforce: a limit charged after the work. (Beside a
+                // concurrency limit, a rate takes as usual.)
+                (Op::Apply, floodgate_core::Op::Take | floodgate_core::Op::Acquire { .. }) => {
+                    u64::from(c.enforce) + if after { 4 } else { 0 }
+                }
+                // A release or an extend beside a concurrency limit: a rate
+                // only peeks (hits 0 below).
+                (Op::Apply, floodgate_core::Op::Release { .. } | floodgate_core::Op::Extend { .. }) => {
+                    u64::from(c.enforce)
+                }
                 (Op::Refund(at), _) => at,
             },
             global: None,

@@ -56,6 +56,11 @@ impl Model {
                     c.limit.refund(s, taken_at_us, now, c.hits);
                     c.limit.give_back(s, now, 0)
                 }
+                // Lease operations: not generated here (Redis leases come
+                // with their own conformance test).
+                Op::Acquire { lease } => c.limit.acquire(s, now, c.hits, lease),
+                Op::Release { lease } => c.limit.release(s, now, lease),
+                Op::Extend { lease } => c.limit.extend(s, now, lease),
             };
             if !existed && (!d.allowed || c.hits == 0 || matches!(c.op, Op::Refund | Op::Return { .. })) {
                 self.0.remove(&id);

@@ -49,6 +49,45 @@ pub struct Descriptor {
     /// A limit carried by the request itself (envoy's descriptor `limit`),
     /// used instead of the rules' when the domain exists.
     pub limit: Option<LimitOverride>,
+    /// The lease a release or an extend names (the [`LEASE_ENTRY`] entry,
+    /// taken out before matching, or the API's `lease`).
+    pub lease: Option<u64>,
+}
+
+/// The descriptor entry that carries a lease's id back: Envoy's stream-end
+/// descriptor reads it from the RLS answer's dynamic metadata. It is taken
+/// out of the descriptor before matching.
+pub const LEASE_ENTRY: &str = "lease_id";
+
+/// A lease's id as text (16 hex digits): in the RLS answer's dynamic
+/// metadata, the HTTP API and the headers.
+pub fn lease_text(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+/// A lease's id from its text ([`lease_text`]); the error says what to send.
+pub fn parse_lease(text: &str) -> Result<u64, String> {
+    match u64::from_str_radix(text, 16) {
+        Ok(id) if id != 0 && text.len() <= 16 => Ok(id),
+        _ => Err(format!("`{text}` is not a lease id: send the 16 hex digits an acquire answered")),
+    }
+}
+
+/// Take the [`LEASE_ENTRY`] out of `entries`: the lease id it names.
+pub fn take_lease_entry(entries: &mut Vec<(String, String)>) -> Result<Option<u64>, String> {
+    let Some(i) = entries.iter().position(|(k, _)| k == LEASE_ENTRY) else { return Ok(None) };
+    let (_, v) = entries.remove(i);
+    parse_lease(&v).map(Some)
+}
+
+/// A lease taken by a request that concurrency limits allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Its id: release or extend it by this ([`lease_text`] on the wire).
+    pub id: u64,
+    /// How long it lasts unless released or extended (the shortest
+    /// `lease_ttl` of the request's concurrency limits).
+    pub ttl: Duration,
 }
 
 /// A limit carried in a request: `requests_per_unit` per `unit`.
@@ -80,6 +119,9 @@ pub enum RequestError {
         "descriptors[{0}]: a reserve takes its estimate; give back with a settle or cancel of the reservation, or a refund on /v1/check"
     )]
     RefundInReserve(usize),
+    /// An extend whose descriptor names no lease.
+    #[error("descriptors[{0}]: an extend names the lease it extends: send the lease id an acquire answered")]
+    NoLease(usize),
 }
 
 /// What the service answered for one descriptor.
@@ -166,6 +208,8 @@ pub struct Decided {
     pub answer: Answer,
     /// One status per request descriptor, in order.
     pub statuses: Vec<DescriptorStatus>,
+    /// The lease taken when a concurrency limit allowed the request.
+    pub lease: Option<Lease>,
 }
 
 /// A reserve's answer.
@@ -202,6 +246,33 @@ pub struct Service<S> {
     keys: Option<Arc<PerKey>>,
     limiter: Limiter<S>,
     metrics: Arc<Metrics>,
+    leases: LeaseIds,
+}
+
+/// Lease ids: unique in this process and hard to guess from another's (a
+/// seeded mix of a counter), never 0 (the anonymous lease).
+#[derive(Debug)]
+struct LeaseIds {
+    seed: u64,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseIds {
+    fn new() -> Self {
+        use std::hash::BuildHasher;
+        let seed = foldhash::fast::RandomState::default().hash_one(std::time::SystemTime::now());
+        Self { seed, next: std::sync::atomic::AtomicU64::new(1) }
+    }
+
+    /// splitmix64 of the seeded counter: a bijection, so ids repeat only
+    /// after 2^64 of them.
+    fn next(&self) -> u64 {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut z = self.seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)).max(1)
+    }
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -215,7 +286,7 @@ impl<S: Store> Service<S> {
     /// entries in `keys`, which take precedence for the exact descriptors
     /// they name).
     pub fn new(rules: Arc<Rules>, keys: Option<Arc<PerKey>>, limiter: Limiter<S>, metrics: Arc<Metrics>) -> Self {
-        Self { rules, keys, limiter, metrics }
+        Self { rules, keys, limiter, metrics, leases: LeaseIds::new() }
     }
 
     /// The hot-reloaded rules.
@@ -388,11 +459,43 @@ impl<S: Store> Service<S> {
     }
 
     async fn decide_inner(&self, req: &Request) -> Result<Decided, RequestError> {
+        self.decide_leases(req, false).await
+    }
+
+    /// Extend the lease each descriptor names ([`Descriptor::lease`]) on
+    /// the concurrency limits it matches, to their `lease_ttl` from now:
+    /// allowed while every named lease was held; denied when one is gone
+    /// (acquire again). The other limits are only read.
+    pub async fn extend(&self, req: &Request, protocol: Protocol) -> Result<Decided, RequestError> {
+        let started = Instant::now();
+        let result = match req.descriptors.iter().position(|d| d.lease.is_none()) {
+            Some(i) => Err(RequestError::NoLease(i)),
+            None => self.decide_leases(req, true).await,
+        };
+        self.record(protocol, &result, started);
+        result
+    }
+
+    /// Decide `req`, its checks' ops set for the leases of its concurrency
+    /// limits ([`lease_ops`]), extending the leases named when `extend`.
+    async fn decide_leases(&self, req: &Request, extend: bool) -> Result<Decided, RequestError> {
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
-        let checks = checks_of(req, &planned);
+        let mut checks = checks_of(req, &planned);
+        let lease = lease_ops(req, &planned, &mut checks, extend, || self.leases.next());
         let outcome = self.limiter.check(&checks).await;
-        Ok(self.answer(req, &planned, &checks, &outcome))
+        let mut decided = self.answer(req, &planned, &checks, &outcome);
+        // A lease is answered only when a concurrency limit took it.
+        decided.lease = lease.filter(|_| {
+            decided.answer.allowed
+                && checks.iter().zip(&outcome.verdicts).any(|(c, v)| {
+                    matches!(c.op, Op::Acquire { .. })
+                        && is_concurrency(c.rule)
+                        && v.failure.is_none()
+                        && v.decision.is_some()
+                })
+        });
+        Ok(decided)
     }
 
     /// The answer to `req` from the outcome of its planned checks (their
@@ -420,7 +523,7 @@ impl<S: Store> Service<S> {
                 DescriptorStatus { over_limit: verdict.denies(), limit: info, decision }
             })
             .collect();
-        Decided { answer: Answer::of(checks, outcome.view()), statuses }
+        Decided { answer: Answer::of(checks, outcome.view()), statuses, lease: None }
     }
 }
 
@@ -432,6 +535,58 @@ fn checks_of<'a>(req: &Request, planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>
         let d = &req.descriptors[d];
         (d.hits_addend.unwrap_or(default_hits), if d.refund { Op::Refund } else { Op::Take })
     })
+}
+
+/// Whether `rule` bounds requests in flight.
+fn is_concurrency(rule: &Rule) -> bool {
+    rule.limit.as_ref().is_some_and(|l| *l.algorithm() == Algorithm::Concurrency)
+}
+
+/// Set the ops of a request's checks for the leases of its concurrency
+/// limits, and answer the lease an acquire takes:
+///
+/// * with `extend`: every check of a descriptor extends the lease it names
+///   (the other limits only peek);
+/// * a descriptor that gives hits back (`is_negative_hits`) and matches a
+///   concurrency limit **releases**: the lease it names, or without one
+///   the key's earliest-expiring lease; its other limits keep their hits
+///   (they only peek);
+/// * otherwise, when the request matches a concurrency limit, every check
+///   that takes acquires one new lease for the request (a rate takes as
+///   usual beside it; all or nothing: a refused request holds no slot).
+///
+/// Nothing changes for a request without a concurrency limit.
+fn lease_ops(
+    req: &Request,
+    planned: &[Planned<'_>],
+    checks: &mut [RuleCheck<'_>],
+    extend: bool,
+    new_id: impl FnOnce() -> u64,
+) -> Option<Lease> {
+    if !checks.iter().any(|c| is_concurrency(c.rule)) {
+        return None;
+    }
+    let releases = |d: usize| req.descriptors[d].refund && planned.iter().any(|p| p.0 == d && is_concurrency(p.2));
+    let mut lease: Option<Lease> = None;
+    let mut id = None;
+    let mut new_id = Some(new_id);
+    for (c, p) in checks.iter_mut().zip(planned) {
+        let desc = &req.descriptors[p.0];
+        if extend {
+            c.op = Op::Extend { lease: desc.lease.unwrap_or(0) };
+        } else if releases(p.0) {
+            c.op = Op::Release { lease: desc.lease };
+        } else if c.op == Op::Take && c.hits > 0 {
+            let lease_id = *id.get_or_insert_with(|| new_id.take().map_or(0, |f| f()));
+            c.op = Op::Acquire { lease: lease_id };
+            if let Some(limit) = c.rule.limit.as_ref().filter(|_| is_concurrency(c.rule)) {
+                let ttl = limit.window();
+                let l = lease.get_or_insert(Lease { id: lease_id, ttl });
+                l.ttl = l.ttl.min(ttl);
+            }
+        }
+    }
+    lease
 }
 
 /// What a request's descriptors resolve against: the rules in use, the

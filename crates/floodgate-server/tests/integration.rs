@@ -3,6 +3,7 @@
 //! the service.
 
 mod budgets;
+mod leases;
 mod perkey;
 mod reload;
 mod reservations;

@@ -47,7 +47,7 @@ descriptors:
 pub(crate) struct Server {
     pub(crate) grpc: SocketAddr,
     pub(crate) http: SocketAddr,
-    admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,

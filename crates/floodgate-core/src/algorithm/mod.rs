@@ -8,6 +8,7 @@
 //! entry, and the GCRA family as is (a smaller `now` only makes the answer
 //! stricter).
 
+mod concurrency;
 mod fixed_window;
 mod gcra;
 mod sliding_buckets;
@@ -103,6 +104,59 @@ impl Limit {
             Algorithm::LeakyBucket { mode, .. } => {
                 then(gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape, force))
             }
+            // An acquire without an id: an anonymous lease.
+            Algorithm::Concurrency => then(concurrency::acquire(self, state, now_us, hits, 0, force)),
+        }
+    }
+
+    /// **Acquire** `hits` slots of a concurrency limit as lease `lease`
+    /// (0: anonymous), expiring a lease's length (the limit's window) from
+    /// `now_us` unless extended ([`Limit::extend`]) or released first
+    /// ([`Limit::release`]). A lease already held is extended, not taken
+    /// twice. Any other limit decides the hits as [`Limit::apply`] does.
+    ///
+    /// ```
+    /// use floodgate_core::{Algorithm, Limit, State};
+    /// use std::time::Duration;
+    /// let limit = Limit::new(Algorithm::Concurrency, 2, Duration::from_secs(30)).unwrap();
+    /// let mut state = State::default();
+    /// assert!(limit.acquire(&mut state, 0, 1, 7).allowed);
+    /// assert!(limit.acquire(&mut state, 0, 1, 8).allowed);
+    /// let full = limit.acquire(&mut state, 1_000, 1, 9);
+    /// assert!(!full.allowed);
+    /// assert_eq!(full.retry_after, Some(Duration::from_micros(29_999_000))); // lease 7 expires
+    /// assert_eq!(limit.release(&mut state, 2_000, Some(7)).remaining, 1);
+    /// assert!(limit.acquire(&mut state, 3_000, 1, 9).allowed);
+    /// // A crashed holder's slot frees itself when its lease ends (8's at 30 s).
+    /// assert_eq!(limit.acquire(&mut state, 29_999_999, 0, 0).remaining, 0);
+    /// assert_eq!(limit.acquire(&mut state, 30_000_000, 0, 0).remaining, 1);
+    /// ```
+    pub fn acquire(&self, state: &mut State, now_us: u64, hits: u64, lease: u64) -> Decision {
+        match self.algorithm() {
+            Algorithm::Concurrency if self.limit() > 0 => concurrency::acquire(self, state, now_us, hits, lease, false),
+            _ => self.apply(state, now_us, hits),
+        }
+    }
+
+    /// **Release** lease `lease` of a concurrency limit, or with `None` its
+    /// earliest-expiring lease (a release that lost its id frees the slot
+    /// that would free first anyway), answered as a peek afterwards. A
+    /// lease already gone frees nothing. Any other limit only peeks: a
+    /// release gives back no rate or budget hits.
+    pub fn release(&self, state: &mut State, now_us: u64, lease: Option<u64>) -> Decision {
+        match self.algorithm() {
+            Algorithm::Concurrency if self.limit() > 0 => concurrency::release(self, state, now_us, lease),
+            _ => self.dispatch(state, now_us, 0, false, |d| d),
+        }
+    }
+
+    /// **Extend** lease `lease` of a concurrency limit to a lease's length
+    /// from `now_us`: allowed while it was held, denied (acquire again)
+    /// once it is gone. Any other limit only peeks.
+    pub fn extend(&self, state: &mut State, now_us: u64, lease: u64) -> Decision {
+        match self.algorithm() {
+            Algorithm::Concurrency if self.limit() > 0 => concurrency::extend(self, state, now_us, lease),
+            _ => self.dispatch(state, now_us, 0, false, |d| d),
         }
     }
 
@@ -137,6 +191,7 @@ impl Limit {
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::LeakyBucket { .. } => {
                 gcra::refund(self, state, at_us, now_us, hits)
             }
+            Algorithm::Concurrency => concurrency::undo_anonymous(state, hits),
         }
     }
 
@@ -188,6 +243,7 @@ impl Limit {
                 Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::LeakyBucket { .. } => {
                     gcra::refund(self, state, now_us, now_us, hits)
                 }
+                Algorithm::Concurrency => concurrency::give_back(state, hits),
             }
         }
         self.dispatch(state, now_us, 0, false, |d| d)

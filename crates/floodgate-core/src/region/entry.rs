@@ -129,8 +129,8 @@ pub(crate) enum Send {
 /// GCRA slots per full refill time.
 pub(crate) const GCRA_SLOTS_PER_REFILL: u128 = 4;
 
-/// What kind of counts a limit keeps; `None` for `sliding_log`, which
-/// cannot be global.
+/// What kind of counts a limit keeps; `None` for `sliding_log` and
+/// `concurrency`, which cannot be global.
 pub fn shape_of(limit: &Limit) -> Option<Shape> {
     let w = limit.window_us();
     Some(match limit.algorithm() {
@@ -139,7 +139,7 @@ pub fn shape_of(limit: &Limit) -> Option<Shape> {
         Algorithm::SlidingBuckets { granularity } => {
             Shape::Windowed { slot_us: w / u64::from(*granularity), horizon: *granularity }
         }
-        Algorithm::SlidingLog => return None,
+        Algorithm::SlidingLog | Algorithm::Concurrency => return None,
         Algorithm::Gcra { .. } | Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
             // A quarter of the full refill time, after which a hit's debt
             // has drained: debt is dated to the end of its slot, so a

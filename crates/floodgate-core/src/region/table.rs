@@ -840,7 +840,13 @@ impl GlobalTable {
             checks,
             out,
             |c| match (c.scope, c.op) {
-                (Scope::Global(mode), Op::Take) => self.apply(c.key, c.limit, mode, c.hits, now),
+                // A concurrency limit is never global (the rules refuse it):
+                // beside one, a global limit takes as usual, and a release or
+                // an extend only peeks.
+                (Scope::Global(mode), Op::Take | Op::Acquire { .. }) => self.apply(c.key, c.limit, mode, c.hits, now),
+                (Scope::Global(mode), Op::Release { .. } | Op::Extend { .. }) => {
+                    self.apply(c.key, c.limit, mode, 0, now)
+                }
                 // Given back from this region's own count, and to every
                 // peer as a count given back (see `GlobalTable::give_back`).
                 (Scope::Global(mode), Op::Refund) => self.give_back(c.key, c.limit, mode, c.hits, now).map(|(d, _)| d),
@@ -852,7 +858,7 @@ impl GlobalTable {
             },
             |c| match c.scope {
                 Scope::Global(_) => self.refund(c.key, c.hits, now, now),
-                Scope::Region => store.refund_at(c.key, c.limit, c.hits, now, now),
+                Scope::Region => store.undo_at(c, now),
             },
         );
     }

@@ -32,8 +32,8 @@ pub use error::{ConfigError, ConfigErrors};
 pub use load::{RulesDirError, Sources, is_rules_file, rule_files};
 pub use matcher::{Match, RequestMatch, carried_key, counter_key, limit_key};
 pub use model::{
-    Action, DEFAULT_RESERVATION_TTL, Domain, FailureMode, MAX_RESERVATION_TTL, PSEUDO_HEADERS, RequestDescriptor, Rule,
-    RuleSet, Source, Tier, Unit,
+    Action, DEFAULT_LEASE_TTL, DEFAULT_RESERVATION_TTL, Domain, FailureMode, MAX_LEASE_TTL, MAX_RESERVATION_TTL,
+    PSEUDO_HEADERS, RequestDescriptor, Rule, RuleSet, Source, Tier, Unit,
 };
 pub use parse::{BadTierName, LoadOptions, check_tier_name, parse_limits};
 pub use plan::{Planned, checks_of};

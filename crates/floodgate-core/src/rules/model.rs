@@ -141,6 +141,12 @@ pub struct Rule {
 /// A rule's `reservation_ttl` when it names none: 5 minutes.
 pub const DEFAULT_RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// A concurrency limit's `lease_ttl` when it names none: a minute.
+pub const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The longest `lease_ttl`: a day.
+pub const MAX_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 /// The longest `reservation_ttl`: a day.
 pub const MAX_RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(86_400);
 

@@ -407,6 +407,46 @@ fn charge_after_is_read_and_checked() {
 }
 
 #[test]
+fn concurrency_limits_are_read_and_checked() {
+    let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");
+    let set = load(&rl("concurrency: 10, name: in_flight"));
+    let l = set.matches("d", &[("k", "x")]).unwrap().rules[0].limit.clone().unwrap();
+    assert_eq!(
+        (*l.algorithm(), l.limit(), l.window()),
+        (crate::Algorithm::Concurrency, 10, 60 * S),
+        "default lease: a minute"
+    );
+    let set = load(&rl("concurrency: 3, lease_ttl: 10m, failure_mode: local, local_share: 0.5"));
+    let r = &set.matches("d", &[("k", "x")]).unwrap().rules[0];
+    assert_eq!(r.limit.as_ref().unwrap().window(), 10 * MIN);
+    let local = r.local_limit.clone().unwrap();
+    assert_eq!((*local.algorithm(), local.limit()), (crate::Algorithm::Concurrency, 1), "half of 3, at least one");
+    // Beside a rate, in a rate_limits list.
+    let both = load(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: minute, requests_per_unit: 100}\n      - {concurrency: 5}\n",
+    );
+    assert_eq!(both.matches("d", &[("k", "x")]).unwrap().rules.len(), 2);
+    one_error(
+        &rl("concurrency: 5, scope: global"),
+        "test.yaml:4:41: descriptors[0].rate_limit.scope: a concurrency limit cannot be global",
+    );
+    one_error(
+        &rl("concurrency: 5, requests_per_unit: 10"),
+        "rate_limit.requests_per_unit: a concurrency limit takes no requests_per_unit",
+    );
+    one_error(&rl("concurrency: 5, unit: second"), "a concurrency limit takes no unit");
+    one_error(&rl("concurrency: 5, charge: after"), "a concurrency limit takes no charge");
+    one_error(
+        &rl("concurrency: 0"),
+        "rate_limit.concurrency: concurrency 0: write the requests in flight at once per key, from 1 to 100000",
+    );
+    one_error(&rl("concurrency: 200000"), "concurrency 200000");
+    one_error(&rl("concurrency: 5, lease_ttl: 0s"), "rate_limit.lease_ttl: `0s`");
+    one_error(&rl("concurrency: 5, lease_ttl: 2d"), "write a duration from 1s to 24h");
+    one_error(&rl("unlimited: true, concurrency: 5"), "unlimited takes no concurrency");
+}
+
+#[test]
 fn costs_are_read_and_checked() {
     use crate::rules::cost::{Actual, EstimateFrom, Metering};
     let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n");

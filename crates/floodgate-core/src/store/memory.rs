@@ -316,12 +316,51 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`Store::apply_all`] at an explicit time.
     pub fn apply_all_at(&self, checks: &[Check<'_>], now_us: u64, out: &mut Vec<Result<Decision, StoreError>>) {
-        all_or_nothing(
-            checks,
-            out,
-            |c| self.check_at(c, now_us),
-            |c| self.refund_at(c.key, c.limit, c.hits, now_us, now_us),
-        );
+        all_or_nothing(checks, out, |c| self.check_at(c, now_us), |c| self.undo_at(c, now_us));
+    }
+
+    /// Undo check `c` just decided at `now_us` for a request another of its
+    /// limits denied: its hits given back, or the lease it took released.
+    pub fn undo_at(&self, c: &Check<'_>, now_us: u64) {
+        match c.op {
+            Op::Acquire { lease } if c.op.on_leases(c.limit) => {
+                let _ = self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.release(s, now_us, Some(lease)));
+            }
+            _ => self.refund_at(c.key, c.limit, c.hits, now_us, now_us),
+        }
+    }
+
+    /// A lease operation of a concurrency limit on `key`'s state at
+    /// `now_us` (`op` answers it): a key the store does not hold is met
+    /// empty, and stored only when `create` and the answer took slots.
+    /// The key's expiry follows its leases: it is empty once the last ends.
+    fn leases_at(
+        &self,
+        key: &str,
+        limit: &Limit,
+        now_us: u64,
+        create: bool,
+        op: impl FnOnce(&mut State) -> Decision,
+    ) -> Result<Decision, StoreError> {
+        let key = key.as_bytes();
+        let hash = self.hasher.hash_one(key);
+        let probe = Probe::new(key, hash);
+        let mut shard = self.lock(hash);
+        if let Some(slot) = slot_of(&mut shard, hash, &probe, limit) {
+            let d = op(&mut slot.state);
+            slot.expires_s = expiry_s(now_us, &d);
+            return Ok(d);
+        }
+        let mut state = State::new();
+        let d = op(&mut state);
+        if !create || !d.allowed || d.remaining == d.limit {
+            return Ok(d);
+        }
+        self.make_room(&mut shard, seconds(now_us))?;
+        let slot =
+            Slot { key: StoredKey::new(&probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
+        shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_bytes()));
+        Ok(d)
     }
 
     /// One check at `now_us`, as its [`Op`] says (alone: a request's
@@ -336,6 +375,14 @@ impl<C: Clock> MemoryStore<C> {
                 // A peek, as a refund answers (not a gate).
                 Ok(self.give_back_at(c.key, c.limit, 0, now_us))
             }
+            Op::Acquire { lease } if c.op.on_leases(c.limit) => {
+                self.leases_at(c.key, c.limit, now_us, true, |s| c.limit.acquire(s, now_us, c.hits, lease))
+            }
+            Op::Acquire { .. } => self.apply_at(c.key, c.limit, c.hits, now_us),
+            Op::Release { lease } => {
+                self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.release(s, now_us, lease))
+            }
+            Op::Extend { lease } => self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.extend(s, now_us, lease)),
         }
     }
 

@@ -174,7 +174,9 @@ impl Check<'_> {
     /// Whether a denial of its request gives this check's hits back: it
     /// took some before the work (not a refund, a peek or a late charge).
     pub fn takes_back_on_denial(&self) -> bool {
-        self.op == Op::Take && self.hits > 0 && self.limit.charge() == crate::Charge::Before
+        matches!(self.op, Op::Take | Op::Acquire { .. })
+            && self.hits > 0
+            && self.limit.charge() == crate::Charge::Before
     }
 }
 
@@ -201,6 +203,36 @@ pub enum Op {
         /// When the hits were taken (µs since the epoch).
         taken_at_us: u64,
     },
+    /// Acquire `hits` slots of a concurrency limit as lease `lease`
+    /// ([`Limit::acquire`]); any other limit takes its hits as
+    /// [`Op::Take`] does. A request denied by another of its limits holds
+    /// no slot (the lease is released).
+    Acquire {
+        /// The lease's id (0: anonymous).
+        lease: u64,
+    },
+    /// Release lease `lease` of a concurrency limit, or with `None` its
+    /// earliest-expiring lease ([`Limit::release`]); any other limit only
+    /// peeks: a release gives back no rate or budget hits. Never denies.
+    Release {
+        /// The lease's id, when the caller has it.
+        lease: Option<u64>,
+    },
+    /// Extend lease `lease` of a concurrency limit ([`Limit::extend`]):
+    /// denied when the lease is gone; any other limit only peeks.
+    Extend {
+        /// The lease's id.
+        lease: u64,
+    },
+}
+
+impl Op {
+    /// Whether this op, on `limit`, is one of a concurrency limit's lease
+    /// operations (an acquire, release or extend of its slots).
+    pub fn on_leases(self, limit: &crate::Limit) -> bool {
+        matches!(self, Op::Acquire { .. } | Op::Release { .. } | Op::Extend { .. })
+            && *limit.algorithm() == crate::Algorithm::Concurrency
+    }
 }
 
 /// A store could not decide. A denial is not an error: it is a [`Decision`].

@@ -423,6 +423,7 @@ async fn counters<S: Backend>(
             hits_addend: Some(0),
             refund: false,
             limit: None,
+            lease: None,
         }],
     };
     let limits = state.service.peek(&req).await.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "descriptor", e))?;

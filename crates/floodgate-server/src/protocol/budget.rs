@@ -74,7 +74,7 @@ pub fn parse_reserve_request(raw: &[u8]) -> Result<Request, BadRequest> {
             .descriptors
             .into_iter()
             .zip(hits)
-            .map(|(e, h)| Descriptor { entries: e.0, hits_addend: Some(h), refund: false, limit: None })
+            .map(|(e, h)| Descriptor { entries: e.0, hits_addend: Some(h), refund: false, limit: None, lease: None })
             .collect(),
     })
 }

@@ -10,12 +10,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{Struct as PbStruct, Value as PbValue, value as pb_value};
 use floodgate_core::Store;
 use floodgate_core::rules::Unit;
 
 use crate::metrics::Protocol;
 use crate::protocol::unary::{BoxFuture, StdError, unary};
-use crate::service::{Decided, Descriptor, LimitOverride, Request, Service};
+use crate::service::{Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, Service, lease_text, take_lease_entry};
 use floodgate_core::headers::HeaderMode;
 
 /// The RLS gRPC service over a [`Service`].
@@ -33,7 +34,7 @@ impl<S: Store + 'static> Rls<S> {
 
     /// `ShouldRateLimit`.
     pub async fn should_rate_limit(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
-        let req = from_proto(request);
+        let req = from_proto(request).map_err(tonic::Status::invalid_argument)?;
         match self.service.decide(&req, Protocol::Grpc).await {
             Ok(answer) => Ok(to_proto(&answer, self.headers)),
             Err(e) => Err(tonic::Status::invalid_argument(e.to_string())),
@@ -90,25 +91,35 @@ impl<S> tonic::server::NamedService for RlsServer<S> {
     const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
 }
 
-/// Translate an RLS request (moving its strings, not copying them).
-pub fn from_proto(r: RateLimitRequest) -> Request {
-    Request {
+/// Translate an RLS request (moving its strings, not copying them). A
+/// descriptor's [`LEASE_ENTRY`] is taken out (the lease a stream-end
+/// release names); the error names a malformed one.
+pub fn from_proto(r: RateLimitRequest) -> Result<Request, String> {
+    Ok(Request {
         domain: r.domain,
         hits_addend: u64::from(r.hits_addend),
-        descriptors: r.descriptors.into_iter().map(descriptor_from_proto).collect(),
-    }
+        descriptors: r
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| descriptor_from_proto(d).map_err(|e| format!("descriptors[{i}].{LEASE_ENTRY}: {e}")))
+            .collect::<Result<_, _>>()?,
+    })
 }
 
-fn descriptor_from_proto(d: RateLimitDescriptor) -> Descriptor {
-    Descriptor {
-        entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, String> {
+    let mut entries: Vec<(String, String)> = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
+    let lease = take_lease_entry(&mut entries)?;
+    Ok(Descriptor {
+        entries,
         hits_addend: d.hits_addend.map(|h| h.value),
         refund: d.is_negative_hits,
         limit: d.limit.and_then(|l| {
             let unit = unit_from_proto(l.unit)?;
             Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit })
         }),
-    }
+        lease,
+    })
 }
 
 /// The floodgate unit of a proto unit (`None` for UNKNOWN or out of range).
@@ -177,6 +188,13 @@ pub fn to_proto(a: &Decided, mode: HeaderMode) -> RateLimitResponse {
             .into_iter()
             .map(|(k, v)| HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() })
             .collect(),
+        // The lease a concurrency limit took, for Envoy to send back at the
+        // stream's end (a `metadata` action under the filter's namespace,
+        // `envoy.filters.http.ratelimit`); none on a denial.
+        dynamic_metadata: a.lease.map(|l| {
+            let value = |v: String| PbValue { kind: Some(pb_value::Kind::StringValue(v)) };
+            PbStruct { fields: [(LEASE_ENTRY.to_owned(), value(lease_text(l.id)))].into_iter().collect() }
+        }),
         ..Default::default()
     }
 }

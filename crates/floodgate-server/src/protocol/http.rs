@@ -45,6 +45,7 @@ pub fn router<S: Backend>(state: Arc<HttpState<S>>, body_limit: usize) -> Router
     Router::new()
         .route("/json", post(pb_json::<S>))
         .route("/v1/check", post(check::<S>))
+        .route("/v1/extend", post(extend::<S>))
         .route("/v1/reserve", post(budget::reserve::<S>))
         .route("/v1/settle", post(budget::settle::<S>))
         .route("/v1/cancel", post(budget::cancel::<S>))
@@ -191,6 +192,21 @@ async fn check<S: Backend>(
     let decided = decide(&state, &req, Protocol::Check).await?;
     let resp = (StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response();
     Ok(with_headers(resp, decided.answer.headers(state.headers)))
+}
+
+/// `POST /v1/extend`: extend the `lease` of every concurrency limit the
+/// descriptors match to its `lease_ttl` from now (the body of `/v1/check`
+/// with `lease`): `allowed` while the lease was held; denied once it is gone
+/// (acquire again).
+async fn extend<S: Backend>(
+    State(state): State<Arc<HttpState<S>>>,
+    headers_in: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let raw = body(&headers_in, raw)?;
+    let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
+    let decided = state.service.extend(&req, Protocol::Check).await.map_err(ApiError::from)?;
+    Ok((StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response())
 }
 
 /// envoyproxy/ratelimit's probe: 200 `OK` while serving.

@@ -17,7 +17,9 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 use crate::protocol::grpc::unit_from_proto;
-use crate::service::{Decided, Descriptor, LimitOverride, Request};
+use crate::service::{
+    Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, lease_text, parse_lease, take_lease_entry,
+};
 use floodgate_core::MAX_LIMIT;
 use floodgate_core::headers::HeaderMode;
 
@@ -95,22 +97,22 @@ struct PjLimit {
 /// Parse a `/json` body (the protobuf JSON mapping of `RateLimitRequest`).
 pub fn parse_pb_request(body: &[u8]) -> Result<Request, BadRequest> {
     let r: PjRequest = parse(body)?;
-    Ok(Request {
-        domain: r.domain,
-        hits_addend: r.hits_addend,
-        descriptors: r
-            .descriptors
-            .into_iter()
-            .map(|d| Descriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-                hits_addend: d.hits_addend,
-                refund: d.is_negative_hits,
-                limit: d.limit.and_then(|l| {
-                    Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? })
-                }),
-            })
-            .collect(),
-    })
+    let mut descriptors = Vec::with_capacity(r.descriptors.len());
+    for (i, d) in r.descriptors.into_iter().enumerate() {
+        let mut entries: Vec<(String, String)> = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
+        let lease = take_lease_entry(&mut entries)
+            .map_err(|message| BadRequest { field: format!("descriptors[{i}].entries.{LEASE_ENTRY}"), message })?;
+        descriptors.push(Descriptor {
+            entries,
+            hits_addend: d.hits_addend,
+            refund: d.is_negative_hits,
+            limit: d.limit.and_then(|l| {
+                Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? })
+            }),
+            lease,
+        });
+    }
+    Ok(Request { domain: r.domain, hits_addend: r.hits_addend, descriptors })
 }
 
 /// The protobuf JSON mapping of the RLS response for `answer`, zero values
@@ -222,9 +224,13 @@ fn pj_unit<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 struct CheckRequest {
     domain: String,
     descriptors: Vec<Entries>,
-    /// Units to take; 0 a peek; negative a refund of that many.
+    /// Units to take; 0 a peek; negative a refund of that many (a
+    /// release, on a concurrency limit).
     #[serde(default)]
     hits: Option<i64>,
+    /// The lease a release (negative `hits`) or `/v1/extend` names.
+    #[serde(default)]
+    lease: Option<String>,
 }
 
 /// A JSON object read as ordered `(key, value)` entries (document order:
@@ -268,13 +274,17 @@ pub fn parse_check_request(body: &[u8]) -> Result<Request, BadRequest> {
             ),
         });
     }
+    let lease = match r.lease.as_deref().map(parse_lease).transpose() {
+        Ok(l) => l,
+        Err(message) => return Err(BadRequest { field: "lease".into(), message }),
+    };
     Ok(Request {
         domain: r.domain,
         hits_addend: amount,
         descriptors: r
             .descriptors
             .into_iter()
-            .map(|e| Descriptor { entries: e.0, hits_addend: Some(amount), refund: hits < 0, limit: None })
+            .map(|e| Descriptor { entries: e.0, hits_addend: Some(amount), refund: hits < 0, limit: None, lease })
             .collect(),
     })
 }
@@ -306,13 +316,20 @@ pub fn check_response(a: &Decided, mode: HeaderMode) -> Value {
         .collect();
     let headers: Map<String, Value> =
         a.answer.headers(mode).into_iter().map(|(k, v)| (k.to_owned(), v.into())).collect();
+    let lease = a.lease.map(|l| json!({ "id": lease_text(l.id), "ttl_ms": ms(l.ttl) }));
     let a = &a.answer;
-    json!({
+    let mut v = json!({
         "allowed": a.allowed,
         "retry_after_ms": a.retry_after.filter(|_| !a.allowed).map(ms),
         "descriptors": descriptors,
         "headers": headers,
-    })
+    });
+    // Only when a concurrency limit took a lease: release it with
+    // `"hits": -1, "lease": id`, extend it on /v1/extend.
+    if let Some(lease) = lease {
+        v["lease"] = lease;
+    }
+    v
 }
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ impl<S: Store> ServiceDecider<S> {
             domain: self.domain.clone(),
             descriptors: descriptors
                 .into_iter()
-                .map(|entries| Descriptor { entries, hits_addend: None, refund: false, limit: None })
+                .map(|entries| Descriptor { entries, hits_addend: None, refund: false, limit: None, lease: None })
                 .collect(),
             hits_addend: 1,
         }))

@@ -385,20 +385,34 @@ pub fn global_rules(set: &RuleSet) -> Vec<(floodgate_core::Limit, SyncMode)> {
 }
 
 /// What is wrong with `rules`' global rules on an instance with `regions`
-/// regions in all (0: no regions configured): each error positioned, with
-/// what to write instead.
-pub fn check_rules(set: &RuleSet, regions: usize) -> Vec<ConfigError> {
+/// regions in all (0: no regions configured), and with its concurrency
+/// limits when its store is Redis (`on_redis`): each error positioned,
+/// with what to write instead.
+pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for domain in set.domains() {
         let file = set.files().get(domain.file()).cloned().unwrap_or_default();
-        for rule in domain.rules() {
-            if let Some(message) = check_rule(rule, regions) {
+        let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter().map(|r| (r, true)));
+        for (rule, of_tier) in domain.rules().map(|r| (r, false)).chain(tiers) {
+            let mut refuse = |field: &str, message: String| {
                 errors.push(ConfigError {
                     file: file.clone(),
                     pos: rule.source.pos,
-                    field: format!("{}: rate_limit.scope", rule.stats_key),
+                    field: format!("{}: rate_limit.{field}", rule.stats_key),
                     message,
                 });
+            };
+            if let Some(message) = check_rule(rule, regions).filter(|_| !of_tier) {
+                refuse("scope", message);
+            }
+            let leases = rule.limit.as_ref().is_some_and(|l| *l.algorithm() == Algorithm::Concurrency);
+            if on_redis && leases {
+                refuse(
+                    "concurrency",
+                    "a concurrency limit keeps its leases in the memory store in this release; Redis does not keep \
+                     them yet: run it on --store memory (an instance in front of each backend), or remove concurrency"
+                        .into(),
+                );
             }
         }
     }

@@ -5,7 +5,9 @@
 use super::{FileParser, Flags, RATE_LIMIT_KEYS, REPLACES_KEYS, RateLimitFields, describe};
 use crate::region::{Scope, SyncMode, parse_overshoot};
 use crate::rules::Pos;
-use crate::rules::model::{DEFAULT_RESERVATION_TTL, FailureMode, MAX_RESERVATION_TTL, Rule, Source, Unit};
+use crate::rules::model::{
+    DEFAULT_LEASE_TTL, DEFAULT_RESERVATION_TTL, FailureMode, MAX_LEASE_TTL, MAX_RESERVATION_TTL, Rule, Source, Unit,
+};
 use crate::rules::yaml::Node;
 use crate::{Algorithm, AlgorithmKind, Charge, LeakyMode, Limit, LimitError, parse_duration};
 
@@ -19,7 +21,12 @@ impl FileParser<'_> {
             let at = format!("{field}.{key}");
             let pos = v.pos();
             match key.as_str() {
-                "requests_per_unit" => f.rpu = self.integer(v, &at, u64::from(u32::MAX)).unwrap_or(0),
+                "requests_per_unit" => {
+                    f.rpu = self.integer(v, &at, u64::from(u32::MAX)).unwrap_or(0);
+                    f.rpu_pos = Some(pos);
+                }
+                "concurrency" => f.concurrency = self.integer(v, &at, u64::MAX).map(|n| (n, pos)),
+                "lease_ttl" => f.lease_ttl = self.string(v, &at).map(|s| (s, pos)),
                 "unit" => f.unit = self.string(v, &at).map(|s| (s, pos)),
                 "unlimited" => f.unlimited = self.boolean(v, &at).unwrap_or(false),
                 "name" => f.name = self.string(v, &at).filter(|s| !s.is_empty()),
@@ -67,6 +74,19 @@ impl FileParser<'_> {
         let (limit, local_limit) = if f.unlimited {
             self.check_unlimited(&f, field);
             (None, None)
+        } else if let Some((n, pos)) = f.concurrency {
+            if let Scope::Global(_) = scope {
+                self.error(
+                    f.scope.as_ref().map_or(pos, |s| s.1),
+                    &format!("{field}.scope"),
+                    "a concurrency limit cannot be global: a slot is claimed and freed in an instant, and a \
+                     cross-region slot would need a round trip to every region on each acquire (or slices that \
+                     strand slots in idle regions); limit each region's backends with scope: region (the default)",
+                );
+            }
+            let limit = self.concurrency(&f, n, pos, field)?;
+            let local = self.local_limit(&limit, failure_mode, f.local_share, field);
+            (Some(limit), local)
         } else {
             let limit = self.limited(&f, node, field)?;
             if let (Charge::After, Scope::Global(_), Some((_, pos)), crate::Algorithm::FixedWindow) =
@@ -100,6 +120,73 @@ impl FileParser<'_> {
             reservation_ttl,
             cost: f.cost.map(|c| c.0),
         })
+    }
+
+    /// A concurrency limit: `concurrency: N` slots, each lease lasting
+    /// `lease_ttl` (default [`DEFAULT_LEASE_TTL`]) unless released or
+    /// extended first. It takes none of a rate's fields.
+    fn concurrency(&mut self, f: &RateLimitFields, n: u64, pos: Pos, field: &str) -> Option<Limit> {
+        let rate_fields = [
+            ("requests_per_unit", f.rpu_pos),
+            ("unit", f.unit.as_ref().map(|u| u.1)),
+            ("window", f.window.as_ref().map(|w| w.1)),
+            ("algorithm", f.algorithm.as_ref().map(|a| a.1)),
+            ("burst", f.burst.map(|b| b.1)),
+            ("granularity", f.granularity.map(|g| g.1)),
+            ("mode", f.mode.as_ref().map(|m| m.1)),
+            ("charge", f.charge.as_ref().map(|c| c.1)),
+            ("reservation_ttl", f.reservation_ttl.as_ref().map(|r| r.1)),
+            ("cost", f.cost.as_ref().map(|c| c.1)),
+            ("sync", f.sync.as_ref().map(|s| s.1)),
+            ("overshoot", f.overshoot.as_ref().map(|o| o.1)),
+        ];
+        let before = self.errors.len();
+        for (k, at) in rate_fields {
+            if let Some(at) = at {
+                self.error(
+                    at,
+                    &format!("{field}.{k}"),
+                    format!(
+                        "a concurrency limit takes no {k}: it bounds requests in flight, not per unit of time; \
+                         put a rate beside it in a rate_limits list, or remove {k}"
+                    ),
+                );
+            }
+        }
+        if n == 0 || n > crate::MAX_CONCURRENCY {
+            self.error(
+                pos,
+                &format!("{field}.concurrency"),
+                format!(
+                    "concurrency {n}: write the requests in flight at once per key, from 1 to {}",
+                    crate::MAX_CONCURRENCY
+                ),
+            );
+        }
+        let ttl = match &f.lease_ttl {
+            None => DEFAULT_LEASE_TTL,
+            Some((text, at)) => match parse_duration(text) {
+                Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_LEASE_TTL => d,
+                r => {
+                    let why = r.err().map(|e| format!(" ({e})")).unwrap_or_default();
+                    self.error(
+                        *at,
+                        &format!("{field}.lease_ttl"),
+                        format!(
+                            "`{text}`{why}: write a duration from 1s to 24h, longer than the longest request it \
+                             counts (a holder that never releases keeps its slot this long; default 60s)"
+                        ),
+                    );
+                    DEFAULT_LEASE_TTL
+                }
+            },
+        };
+        if self.errors.len() > before {
+            return None;
+        }
+        Limit::new(Algorithm::Concurrency, n, ttl)
+            .map_err(|e| self.error(pos, &format!("{field}.concurrency"), e.to_string()))
+            .ok()
     }
 
     /// `reservation_ttl`: a duration from 1s to a day (default 5 minutes).
@@ -145,6 +232,8 @@ impl FileParser<'_> {
             ("charge", f.charge.as_ref().map(|m| m.1)),
             ("reservation_ttl", f.reservation_ttl.as_ref().map(|m| m.1)),
             ("cost", f.cost.as_ref().map(|m| m.1)),
+            ("concurrency", f.concurrency.map(|m| m.1)),
+            ("lease_ttl", f.lease_ttl.as_ref().map(|m| m.1)),
         ];
         for (k, pos) in extensions {
             if let Some(pos) = pos {

@@ -98,6 +98,8 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "charge",
     "reservation_ttl",
     "cost",
+    "concurrency",
+    "lease_ttl",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -119,6 +121,10 @@ pub(crate) struct FileParser<'a> {
 #[derive(Default)]
 struct RateLimitFields {
     rpu: u64,
+    rpu_pos: Option<Pos>,
+    /// `concurrency: N` (a limit on requests in flight) and `lease_ttl`.
+    concurrency: Option<(u64, Pos)>,
+    lease_ttl: Option<(String, Pos)>,
     unit: Option<(String, Pos)>,
     unlimited: bool,
     name: Option<String>,

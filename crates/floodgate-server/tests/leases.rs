@@ -1,0 +1,173 @@
+//! Concurrency limits through the service (issue 49), on the in-memory
+//! store: the exact gRPC sequence Envoy sends (an acquire at request time
+//! answering the lease in `dynamic_metadata`, and the stream-end release
+//! carrying it back with `is_negative_hits`), a denied request's stream
+//! end, releases that only release, and the HTTP API (acquire, release,
+//! extend). The lease arithmetic is checked against its reference model
+//! in floodgate-core's property tests.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::{UInt64Value, value::Kind};
+use serde_json::{Value, json};
+
+use crate::server::{Server, ask, call, desc, http, req};
+
+/// A backend's tenants: 100 a minute and 2 in flight each.
+const LEASES: &str = r#"
+domain: backend
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: minute, requests_per_unit: 100, name: tenant_rate}
+      - {concurrency: 2, lease_ttl: 30s, name: tenant_in_flight}
+"#;
+
+async fn lease_server(name: &str) -> Server {
+    Server::start_config(name, |c| {
+        if let floodgate_server::rules::reload::RulesSource::Dir(dir) = &c.rules {
+            std::fs::write(dir.join("backend.yaml"), LEASES).unwrap();
+        }
+    })
+    .await
+}
+
+/// The lease id of an RLS answer's dynamic metadata (Envoy's filter keeps it
+/// under `envoy.filters.http.ratelimit`; its `metadata` action reads it as
+/// a string).
+fn lease_of(r: &RateLimitResponse) -> Option<String> {
+    let m = r.dynamic_metadata.as_ref()?;
+    match m.fields.get("lease_id")?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.clone()),
+        other => panic!("lease_id must be a string for Envoy's metadata action: {other:?}"),
+    }
+}
+
+/// Envoy's stream-end descriptor: the request's entries, the lease id read
+/// back from dynamic metadata (when there is one), one hit given back.
+fn stream_end(
+    tenant: &str,
+    lease: Option<&str>,
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    let mut d = desc(&[("tenant", tenant)]);
+    if let Some(id) = lease {
+        d.entries.push(Entry { key: "lease_id".into(), value: id.into() });
+    }
+    d.hits_addend = Some(UInt64Value { value: 1 });
+    d.is_negative_hits = true;
+    d
+}
+
+#[tokio::test]
+async fn envoys_acquire_and_stream_end_release_over_grpc() {
+    let s = lease_server("leases-rls").await;
+    let mut c = s.grpc().await;
+    let acquire = || req("backend", vec![desc(&[("tenant", "acme")])], 1);
+    let a = ask(&mut c, acquire()).await;
+    assert_eq!(a.overall_code, Code::Ok as i32);
+    let lease_a = lease_of(&a).expect("an allowed request carries its lease");
+    assert_eq!(lease_a.len(), 16, "{lease_a}");
+    let b = ask(&mut c, acquire()).await;
+    let lease_b = lease_of(&b).unwrap();
+    assert_ne!(lease_a, lease_b);
+    // Two in flight: the third is denied, with no lease (Envoy stores a
+    // denied answer's metadata too: there must be nothing to send back),
+    // and it takes no rate.
+    let denied = ask(&mut c, acquire()).await;
+    assert_eq!(denied.overall_code, Code::OverLimit as i32);
+    assert_eq!(lease_of(&denied), None);
+    // A peek: the descriptor's own hits_addend 0 (a request-level 0 counts
+    // as 1, as Envoy's does).
+    let peek = || {
+        let mut d = desc(&[("tenant", "acme")]);
+        d.hits_addend = Some(UInt64Value { value: 0 });
+        req("backend", vec![d], 0)
+    };
+    // (A peek reports the most restrictive limit: the slots.)
+    assert_eq!(ask(&mut c, peek()).await.statuses[0].limit_remaining, 0);
+    // The denied request's stream ends: with the documented Envoy
+    // configuration (`skip_if_absent` left false) its descriptor has no
+    // lease id, so Envoy sends nothing. Stream A ends: its lease comes back
+    // and only the slot is freed.
+    let r = ask(&mut c, req("backend", vec![stream_end("acme", Some(&lease_a))], 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(lease_of(&r), None, "a release takes no lease");
+    let c_req = ask(&mut c, acquire()).await;
+    assert_eq!(c_req.overall_code, Code::Ok as i32, "A's slot is free again");
+    let lease_c = lease_of(&c_req).unwrap();
+    // A repeated (or late) release of A frees nobody else's slot.
+    ask(&mut c, req("backend", vec![stream_end("acme", Some(&lease_a))], 0)).await;
+    assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::OverLimit as i32);
+    // A release that lost its id (Envoy configured with skip_if_absent:
+    // true) frees the earliest-expiring lease: B's.
+    ask(&mut c, req("backend", vec![stream_end("acme", None)], 0)).await;
+    let d = ask(&mut c, acquire()).await;
+    assert_eq!(d.overall_code, Code::Ok as i32);
+    // The rate kept every hit of the admitted requests (A, B, C, D) and none
+    // of the releases or the refused ones: 96 of 100 left.
+    let http = http();
+    let (st, _, v) = call(
+        &http,
+        "POST",
+        format!("http://{}/admin/v1/counters", s.admin),
+        &json!({"domain": "backend", "descriptor": [{"key": "tenant", "value": "acme"}]}).to_string(),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let by_rule = |name: &str| v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == name).unwrap().clone();
+    assert_eq!(by_rule("tenant_rate")["remaining"], 96, "{v}");
+    assert_eq!(by_rule("tenant_in_flight")["remaining"], 0, "C and D hold the slots: {v}");
+    assert_eq!(by_rule("tenant_in_flight")["algorithm"], "concurrency");
+    // C and D end.
+    for lease in [lease_c, lease_of(&d).unwrap()] {
+        ask(&mut c, req("backend", vec![stream_end("acme", Some(&lease))], 0)).await;
+    }
+    assert_eq!(ask(&mut c, peek()).await.statuses[0].limit_remaining, 2);
+    // A malformed lease id is refused, naming the entry.
+    let bad = c.should_rate_limit(req("backend", vec![stream_end("acme", Some("not-hex"))], 0)).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(bad.message().contains("descriptors[0].lease_id"), "{}", bad.message());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_http_api_acquires_releases_and_extends() {
+    let s = lease_server("leases-http").await;
+    let h = http();
+    let post = |path: &str, body: Value| {
+        let (h, url) = (h.clone(), format!("http://{}{path}", s.http));
+        async move { call(&h, "POST", url, &body.to_string(), None).await }
+    };
+    let check = |hits: i64, lease: Option<&str>| {
+        let mut b = json!({"domain": "backend", "descriptors": [{"tenant": "t"}], "hits": hits});
+        if let Some(l) = lease {
+            b["lease"] = json!(l);
+        }
+        b
+    };
+    let (_, _, one) = post("/v1/check", check(1, None)).await;
+    assert_eq!(one["allowed"], true, "{one}");
+    assert_eq!(one["lease"]["ttl_ms"], 30_000, "{one}");
+    let id = one["lease"]["id"].as_str().unwrap().to_owned();
+    let (_, _, two) = post("/v1/check", check(1, None)).await;
+    assert_eq!(two["allowed"], true);
+    let (_, _, three) = post("/v1/check", check(1, None)).await;
+    assert_eq!((&three["allowed"], three.get("lease")), (&json!(false), None), "{three}");
+    // Extend, then release by id: the slot frees.
+    let (st, _, ext) = post("/v1/extend", check(1, Some(&id))).await;
+    assert_eq!((st, &ext["allowed"]), (200, &json!(true)), "{ext}");
+    let (_, _, rel) = post("/v1/check", check(-1, Some(&id))).await;
+    assert_eq!(rel["allowed"], true, "{rel}");
+    let (_, _, again) = post("/v1/check", check(1, None)).await;
+    assert_eq!(again["allowed"], true, "{again}");
+    // A lease gone cannot be extended; an extend names its lease.
+    let (_, _, gone) = post("/v1/extend", check(1, Some(&id))).await;
+    assert_eq!(gone["allowed"], false, "{gone}");
+    let (st, _, v) = post("/v1/extend", check(1, None)).await;
+    assert_eq!(st, 400, "{v}");
+    let (st, _, v) = post("/v1/check", check(-1, Some("zz"))).await;
+    assert_eq!((st, &v["field"]), (400, &json!("lease")), "{v}");
+    s.stop().await;
+}
