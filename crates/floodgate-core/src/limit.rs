@@ -533,6 +533,12 @@ impl Limit {
         &self.algorithm
     }
 
+    /// Whether this limit bounds requests in flight (`concurrency`) rather
+    /// than a rate.
+    pub fn is_concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
+    }
+
     /// Units per window.
     pub fn limit(&self) -> u64 {
         self.limit

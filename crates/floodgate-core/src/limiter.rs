@@ -293,10 +293,11 @@ impl<S: Store> Limiter<S> {
 
     fn fail(&self, c: &RuleCheck<'_>, limit: u64, mode: FailureMode) -> Decision {
         let open = Decision { allowed: true, limit, remaining: limit, ..Decision::default() };
-        if c.op != Op::Take {
-            // A refund (or a return, or a late charge) the store could not
-            // take is lost (the store error is counted and logged by the
-            // caller); it denies nothing, whatever the rule's policy.
+        if !matches!(c.op, Op::Take | Op::Acquire { .. }) {
+            // A refund (or a return, a late charge, a release or an extend)
+            // the store could not take is lost (the store error is counted
+            // and logged by the caller); it denies nothing, whatever the
+            // rule's policy. (A concurrency limit never has a local one.)
             return open;
         }
         match mode {

@@ -49,6 +49,12 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
         0
     }
 
+    /// Whether the store keeps a concurrency limit's leases (the memory
+    /// store and a memory region; Redis does not yet).
+    fn keeps_leases(&self) -> bool {
+        true
+    }
+
     /// What the store reports of itself for the dashboard (kind, keys,
     /// Redis's breaker and counters).
     fn store_health(&self) -> serde_json::Value {

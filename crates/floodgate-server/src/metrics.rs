@@ -211,7 +211,7 @@ impl Metrics {
             let mut map = self.rules.write().unwrap_or_else(PoisonError::into_inner);
             map.entry(domain.to_owned()).or_default().entry(label.to_owned()).or_default().clone()
         });
-        if matches!(op, Op::Refund | Op::Return { .. }) {
+        if matches!(op, Op::Refund | Op::Return { .. } | Op::Release { .. } | Op::Extend { .. }) {
             // Not traffic: counted apart, and not in the dashboard's data.
             c.refund.fetch_add(1, Relaxed);
             return;

@@ -73,11 +73,24 @@ pub fn parse_lease(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Take the [`LEASE_ENTRY`] out of `entries`: the lease id it names.
-pub fn take_lease_entry(entries: &mut Vec<(String, String)>) -> Result<Option<u64>, String> {
-    let Some(i) = entries.iter().position(|(k, _)| k == LEASE_ENTRY) else { return Ok(None) };
-    let (_, v) = entries.remove(i);
-    parse_lease(&v).map(Some)
+impl Descriptor {
+    /// An RLS descriptor (gRPC or `/json`): a descriptor that gives hits
+    /// back (`refund`: a stream-end release) has its [`LEASE_ENTRY`] taken
+    /// out before matching, as the lease it releases; elsewhere the entry is
+    /// an ordinary one. The error says what is wrong with the lease id.
+    pub fn rls(
+        mut entries: Vec<(String, String)>,
+        hits_addend: Option<u64>,
+        refund: bool,
+        limit: Option<LimitOverride>,
+    ) -> Result<Descriptor, String> {
+        let mut lease = None;
+        if refund && let Some(i) = entries.iter().position(|(k, _)| k == LEASE_ENTRY) {
+            let (_, v) = entries.remove(i);
+            lease = Some(parse_lease(&v)?);
+        }
+        Ok(Descriptor { entries, hits_addend, refund, limit, lease })
+    }
 }
 
 /// A lease taken by a request that concurrency limits allowed.
@@ -119,6 +132,12 @@ pub enum RequestError {
         "descriptors[{0}]: a reserve takes its estimate; give back with a settle or cancel of the reservation, or a refund on /v1/check"
     )]
     RefundInReserve(usize),
+    /// A reserve whose descriptor matches a concurrency limit.
+    #[error(
+        "descriptors[{0}]: it matches a concurrency limit, whose slot a reservation cannot hold: take it with \
+         /v1/check (the answer's lease), release it when the work ends, and reserve the cost apart"
+    )]
+    LeaseInReserve(usize),
     /// An extend whose descriptor names no lease.
     #[error("descriptors[{0}]: an extend names the lease it extends: send the lease id an acquire answered")]
     NoLease(usize),
@@ -249,8 +268,9 @@ pub struct Service<S> {
     leases: LeaseIds,
 }
 
-/// Lease ids: unique in this process and hard to guess from another's (a
-/// seeded mix of a counter), never 0 (the anonymous lease).
+/// Lease ids: unique in this process (a seeded bijective mix of a counter)
+/// and never 0 (the anonymous lease). Not a secret: one id reveals the
+/// others, and a release without an id frees a lease of its key anyway.
 #[derive(Debug)]
 struct LeaseIds {
     seed: u64,
@@ -359,6 +379,9 @@ impl<S: Store> Service<S> {
         }
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
+        if let Some(p) = planned.iter().find(|p| is_concurrency(p.2)) {
+            return Err(RequestError::LeaseInReserve(p.0).into());
+        }
         let mut checks = checks_of(req, &planned);
         let (outcome, id) = match estimate {
             Some(estimate) => self.limiter.meter(&mut checks, estimate).await,
@@ -492,7 +515,7 @@ impl<S: Store> Service<S> {
                     matches!(c.op, Op::Acquire { .. })
                         && is_concurrency(c.rule)
                         && v.failure.is_none()
-                        && v.decision.is_some()
+                        && v.decision.is_some_and(|d| d.allowed)
                 })
         });
         Ok(decided)
@@ -539,7 +562,7 @@ fn checks_of<'a>(req: &Request, planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>
 
 /// Whether `rule` bounds requests in flight.
 fn is_concurrency(rule: &Rule) -> bool {
-    rule.limit.as_ref().is_some_and(|l| *l.algorithm() == Algorithm::Concurrency)
+    rule.limit.as_ref().is_some_and(Limit::is_concurrency)
 }
 
 /// Set the ops of a request's checks for the leases of its concurrency
@@ -563,6 +586,13 @@ fn lease_ops(
     extend: bool,
     new_id: impl FnOnce() -> u64,
 ) -> Option<Lease> {
+    if extend {
+        // Every limit only reads, but a concurrency limit extends its lease.
+        for (c, p) in checks.iter_mut().zip(planned) {
+            c.op = Op::Extend { lease: req.descriptors[p.0].lease.unwrap_or(0) };
+        }
+        return None;
+    }
     if !checks.iter().any(|c| is_concurrency(c.rule)) {
         return None;
     }
@@ -572,9 +602,7 @@ fn lease_ops(
     let mut new_id = Some(new_id);
     for (c, p) in checks.iter_mut().zip(planned) {
         let desc = &req.descriptors[p.0];
-        if extend {
-            c.op = Op::Extend { lease: desc.lease.unwrap_or(0) };
-        } else if releases(p.0) {
+        if releases(p.0) {
             c.op = Op::Release { lease: desc.lease };
         } else if c.op == Op::Take && c.hits > 0 {
             let lease_id = *id.get_or_insert_with(|| new_id.take().map_or(0, |f| f()));

@@ -125,7 +125,11 @@ async fn envoys_acquire_and_stream_end_release_over_grpc() {
         ask(&mut c, req("backend", vec![stream_end("acme", Some(&lease))], 0)).await;
     }
     assert_eq!(ask(&mut c, peek()).await.statuses[0].limit_remaining, 2);
-    // A malformed lease id is refused, naming the entry.
+    // At request time a `lease_id` entry is an ordinary entry (only a
+    // release takes it out).
+    let plain = ask(&mut c, req("backend", vec![desc(&[("tenant", "acme"), ("lease_id", "not-hex")])], 1)).await;
+    assert_eq!(plain.overall_code, Code::Ok as i32);
+    // A malformed lease id in a release is refused, naming the entry.
     let bad = c.should_rate_limit(req("backend", vec![stream_end("acme", Some("not-hex"))], 0)).await.unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
     assert!(bad.message().contains("descriptors[0].lease_id"), "{}", bad.message());
@@ -169,5 +173,22 @@ async fn the_http_api_acquires_releases_and_extends() {
     assert_eq!(st, 400, "{v}");
     let (st, _, v) = post("/v1/check", check(-1, Some("zz"))).await;
     assert_eq!((st, &v["field"]), (400, &json!("lease")), "{v}");
+    // An extend where no concurrency limit applies takes nothing (user: 3 a
+    // minute in the api domain).
+    let user = |lease: Option<&str>| {
+        let mut b = json!({"domain": "api", "descriptors": [{"user": "u"}]});
+        if let Some(l) = lease {
+            b["lease"] = json!(l);
+        }
+        b
+    };
+    for _ in 0..3 {
+        let (_, _, v) = post("/v1/extend", user(Some("00000000000000aa"))).await;
+        assert_eq!(v["descriptors"][0]["remaining"], 3, "{v}");
+    }
+    // A reservation cannot hold a slot.
+    let (st, _, v) = post("/v1/reserve", json!({"domain": "backend", "descriptors": [{"tenant": "t"}], "hits": 1})).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("concurrency limit, whose slot a reservation cannot hold"), "{v}");
     s.stop().await;
 }

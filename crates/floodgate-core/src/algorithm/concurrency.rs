@@ -51,11 +51,10 @@ fn answer(limit: &Limit, leases: &Leases, now: u64, hits: u64) -> Decision {
 }
 
 /// Acquire `hits` slots as lease `id` (0: anonymous), expiring a lease's
-/// length from now, when they fit (`force`: whatever the count — a late
-/// charge, which the rules refuse for concurrency; kept total). Hits 0 is a
-/// peek. A lease `id` already held is extended, not taken twice (a retried
-/// acquire keeps one slot).
-pub(super) fn acquire(limit: &Limit, state: &mut State, now: u64, hits: u64, id: u64, force: bool) -> Decision {
+/// length from now, when they fit. Hits 0 is a peek. A lease `id` already
+/// held is extended, not taken twice (a retried acquire keeps one slot).
+/// The slots held never pass the limit.
+pub(super) fn acquire(limit: &Limit, state: &mut State, now: u64, hits: u64, id: u64) -> Decision {
     let leases = state.leases();
     prune(leases, now);
     let expires_us = now.saturating_add(limit.window_us());
@@ -67,20 +66,11 @@ pub(super) fn acquire(limit: &Limit, state: &mut State, now: u64, hits: u64, id:
         return answer(limit, leases, now, 0);
     }
     let d = answer(limit, leases, now, hits);
-    if hits == 0 || !(d.allowed || force) {
+    if hits == 0 || !d.allowed {
         return d;
     }
-    // At most `limit` leases per key: a forced lease beyond joins the newest.
-    let cap = usize::try_from(limit.limit()).unwrap_or(usize::MAX);
-    let full = leases.held.len() >= cap;
-    match leases.held.last_mut() {
-        Some(last) if full && force => {
-            last.slots = last.slots.saturating_add(hits);
-            last.expires_us = expires_us;
-        }
-        _ => leases.held.push(Lease { id, expires_us, slots: hits }),
-    }
-    leases.used = leases.used.saturating_add(hits).min(crate::MAX_LIMIT);
+    leases.held.push(Lease { id, expires_us, slots: hits });
+    leases.used += hits;
     answer(limit, leases, now, 0)
 }
 
@@ -122,21 +112,27 @@ pub(super) fn extend(limit: &Limit, state: &mut State, now: u64, id: u64) -> Dec
     }
 }
 
+/// Give back up to `n` slots of lease `i` (dropped once it holds none):
+/// the slots given back.
+fn take_slots(leases: &mut Leases, i: usize, n: u64) -> u64 {
+    let lease = &mut leases.held[i];
+    let take = lease.slots.min(n);
+    lease.slots -= take;
+    leases.used -= take;
+    if lease.slots == 0 {
+        leases.held.remove(i);
+    }
+    take
+}
+
 /// Give back `hits` slots of leases this call cannot name (a refund without
 /// a lease id): the earliest-expiring leases first, never more than held.
 pub(super) fn give_back(state: &mut State, hits: u64) {
+    let leases = state.leases();
     let mut left = hits;
     while left > 0 {
-        let leases = state.leases();
         let Some((i, _)) = leases.held.iter().enumerate().min_by_key(|(_, x)| x.expires_us) else { break };
-        let lease = &mut leases.held[i];
-        let take = lease.slots.min(left);
-        lease.slots -= take;
-        leases.used -= take;
-        left -= take;
-        if lease.slots == 0 {
-            leases.held.remove(i);
-        }
+        left -= take_slots(leases, i, left);
     }
 }
 
@@ -145,13 +141,7 @@ pub(super) fn give_back(state: &mut State, hits: u64) {
 pub(super) fn undo_anonymous(state: &mut State, hits: u64) {
     let leases = state.leases();
     if let Some(i) = leases.held.iter().rposition(|x| x.id == 0) {
-        let lease = &mut leases.held[i];
-        let take = lease.slots.min(hits);
-        lease.slots -= take;
-        leases.used -= take;
-        if lease.slots == 0 {
-            leases.held.remove(i);
-        }
+        take_slots(leases, i, hits);
     }
 }
 

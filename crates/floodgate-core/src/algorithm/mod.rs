@@ -104,8 +104,9 @@ impl Limit {
             Algorithm::LeakyBucket { mode, .. } => {
                 then(gcra::apply(self, state, now_us, hits, *mode == LeakyMode::Shape, force))
             }
-            // An acquire without an id: an anonymous lease.
-            Algorithm::Concurrency => then(concurrency::acquire(self, state, now_us, hits, 0, force)),
+            // An acquire without an id: an anonymous lease. A late charge
+            // takes no slot (a slot is taken before the work or not at all).
+            Algorithm::Concurrency => then(concurrency::acquire(self, state, now_us, if force { 0 } else { hits }, 0)),
         }
     }
 
@@ -133,7 +134,7 @@ impl Limit {
     /// ```
     pub fn acquire(&self, state: &mut State, now_us: u64, hits: u64, lease: u64) -> Decision {
         match self.algorithm() {
-            Algorithm::Concurrency if self.limit() > 0 => concurrency::acquire(self, state, now_us, hits, lease, false),
+            Algorithm::Concurrency if self.limit() > 0 => concurrency::acquire(self, state, now_us, hits, lease),
             _ => self.apply(state, now_us, hits),
         }
     }

@@ -416,11 +416,10 @@ fn concurrency_limits_are_read_and_checked() {
         (crate::Algorithm::Concurrency, 10, 60 * S),
         "default lease: a minute"
     );
-    let set = load(&rl("concurrency: 3, lease_ttl: 10m, failure_mode: local, local_share: 0.5"));
+    let set = load(&rl("concurrency: 3, lease_ttl: 10m, failure_mode: closed"));
     let r = &set.matches("d", &[("k", "x")]).unwrap().rules[0];
     assert_eq!(r.limit.as_ref().unwrap().window(), 10 * MIN);
-    let local = r.local_limit.clone().unwrap();
-    assert_eq!((*local.algorithm(), local.limit()), (crate::Algorithm::Concurrency, 1), "half of 3, at least one");
+    one_error(&rl("concurrency: 3, failure_mode: local"), "rate_limit.failure_mode: failure_mode: local keeps a rate");
     // Beside a rate, in a rate_limits list.
     let both = load(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: minute, requests_per_unit: 100}\n      - {concurrency: 5}\n",

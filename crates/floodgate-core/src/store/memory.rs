@@ -379,10 +379,14 @@ impl<C: Clock> MemoryStore<C> {
                 self.leases_at(c.key, c.limit, now_us, true, |s| c.limit.acquire(s, now_us, c.hits, lease))
             }
             Op::Acquire { .. } => self.apply_at(c.key, c.limit, c.hits, now_us),
-            Op::Release { lease } => {
+            Op::Release { lease } if c.op.on_leases(c.limit) => {
                 self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.release(s, now_us, lease))
             }
-            Op::Extend { lease } => self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.extend(s, now_us, lease)),
+            Op::Extend { lease } if c.op.on_leases(c.limit) => {
+                self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.extend(s, now_us, lease))
+            }
+            // Beside a concurrency limit, a rate only peeks (its expiry stays).
+            Op::Release { .. } | Op::Extend { .. } => Ok(self.give_back_at(c.key, c.limit, 0, now_us)),
         }
     }
 

@@ -230,8 +230,7 @@ impl Op {
     /// Whether this op, on `limit`, is one of a concurrency limit's lease
     /// operations (an acquire, release or extend of its slots).
     pub fn on_leases(self, limit: &crate::Limit) -> bool {
-        matches!(self, Op::Acquire { .. } | Op::Release { .. } | Op::Extend { .. })
-            && *limit.algorithm() == crate::Algorithm::Concurrency
+        matches!(self, Op::Acquire { .. } | Op::Release { .. } | Op::Extend { .. }) && limit.is_concurrency()
     }
 }
 

@@ -16,7 +16,7 @@ use floodgate_core::rules::Unit;
 
 use crate::metrics::Protocol;
 use crate::protocol::unary::{BoxFuture, StdError, unary};
-use crate::service::{Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, Service, lease_text, take_lease_entry};
+use crate::service::{Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, Service, lease_text};
 use floodgate_core::headers::HeaderMode;
 
 /// The RLS gRPC service over a [`Service`].
@@ -108,18 +108,15 @@ pub fn from_proto(r: RateLimitRequest) -> Result<Request, String> {
 }
 
 fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, String> {
-    let mut entries: Vec<(String, String)> = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
-    let lease = take_lease_entry(&mut entries)?;
-    Ok(Descriptor {
-        entries,
-        hits_addend: d.hits_addend.map(|h| h.value),
-        refund: d.is_negative_hits,
-        limit: d.limit.and_then(|l| {
-            let unit = unit_from_proto(l.unit)?;
-            Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit })
-        }),
-        lease,
-    })
+    let limit = d
+        .limit
+        .and_then(|l| Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? }));
+    Descriptor::rls(
+        d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+        d.hits_addend.map(|h| h.value),
+        d.is_negative_hits,
+        limit,
+    )
 }
 
 /// The floodgate unit of a proto unit (`None` for UNKNOWN or out of range).

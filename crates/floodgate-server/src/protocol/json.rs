@@ -17,9 +17,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 use crate::protocol::grpc::unit_from_proto;
-use crate::service::{
-    Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, lease_text, parse_lease, take_lease_entry,
-};
+use crate::service::{Decided, Descriptor, LEASE_ENTRY, LimitOverride, Request, lease_text, parse_lease};
 use floodgate_core::MAX_LIMIT;
 use floodgate_core::headers::HeaderMode;
 
@@ -99,18 +97,14 @@ pub fn parse_pb_request(body: &[u8]) -> Result<Request, BadRequest> {
     let r: PjRequest = parse(body)?;
     let mut descriptors = Vec::with_capacity(r.descriptors.len());
     for (i, d) in r.descriptors.into_iter().enumerate() {
-        let mut entries: Vec<(String, String)> = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
-        let lease = take_lease_entry(&mut entries)
-            .map_err(|message| BadRequest { field: format!("descriptors[{i}].entries.{LEASE_ENTRY}"), message })?;
-        descriptors.push(Descriptor {
-            entries,
-            hits_addend: d.hits_addend,
-            refund: d.is_negative_hits,
-            limit: d.limit.and_then(|l| {
-                Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? })
-            }),
-            lease,
+        let limit = d.limit.and_then(|l| {
+            Some(LimitOverride { requests_per_unit: l.requests_per_unit, unit: unit_from_proto(l.unit)? })
         });
+        let entries = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
+        descriptors.push(
+            Descriptor::rls(entries, d.hits_addend, d.is_negative_hits, limit)
+                .map_err(|message| BadRequest { field: format!("descriptors[{i}].entries.{LEASE_ENTRY}"), message })?,
+        );
     }
     Ok(Request { domain: r.domain, hits_addend: r.hits_addend, descriptors })
 }

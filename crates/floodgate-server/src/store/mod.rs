@@ -217,6 +217,10 @@ impl Backend for ServerStore {
         self.regions().map_or(0, |r| r.count())
     }
 
+    fn keeps_leases(&self) -> bool {
+        matches!(self, Self::Memory(_) | Self::Regional(..))
+    }
+
     fn store_health(&self) -> serde_json::Value {
         match self {
             Self::Memory(s) | Self::Regional(s, ..) => s.store_health(),

@@ -394,33 +394,42 @@ pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigE
         let file = set.files().get(domain.file()).cloned().unwrap_or_default();
         let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter().map(|r| (r, true)));
         for (rule, of_tier) in domain.rules().map(|r| (r, false)).chain(tiers) {
-            let mut refuse = |field: &str, message: String| {
-                errors.push(ConfigError {
-                    file: file.clone(),
-                    pos: rule.source.pos,
-                    field: format!("{}: rate_limit.{field}", rule.stats_key),
-                    message,
-                });
+            // (A tier's scope is not checked here: its rules decide as the
+            // store decides a regional check.)
+            let Some((field, message)) = check_rule(rule, if of_tier { usize::MAX } else { regions }, on_redis) else {
+                continue;
             };
-            if let Some(message) = check_rule(rule, regions).filter(|_| !of_tier) {
-                refuse("scope", message);
-            }
-            let leases = rule.limit.as_ref().is_some_and(|l| *l.algorithm() == Algorithm::Concurrency);
-            if on_redis && leases {
-                refuse(
-                    "concurrency",
-                    "a concurrency limit keeps its leases in the memory store in this release; Redis does not keep \
-                     them yet: run it on --store memory (an instance in front of each backend), or remove concurrency"
-                        .into(),
-                );
-            }
+            errors.push(ConfigError {
+                file: file.clone(),
+                pos: rule.source.pos,
+                field: format!("{}: rate_limit.{field}", rule.stats_key),
+                message,
+            });
         }
     }
     errors
 }
 
+/// What is wrong with one rule here, if anything (the field, and why):
+/// its scope with `regions` regions in all (`usize::MAX`: not checked),
+/// and a concurrency limit on a store that keeps no leases (`on_redis`).
+pub fn check_rule(rule: &Rule, regions: usize, on_redis: bool) -> Option<(&'static str, String)> {
+    if on_redis && rule.limit.as_ref().is_some_and(floodgate_core::Limit::is_concurrency) {
+        return Some((
+            "concurrency",
+            "a concurrency limit keeps its leases in the memory store in this release; Redis does not keep them \
+             yet: run it on --store memory (an instance in front of each backend), or remove concurrency"
+                .into(),
+        ));
+    }
+    if regions == usize::MAX {
+        return None;
+    }
+    check_scope(rule, regions).map(|m| ("scope", m))
+}
+
 /// What is wrong with one rule's scope here, if anything.
-pub fn check_rule(rule: &Rule, regions: usize) -> Option<String> {
+fn check_scope(rule: &Rule, regions: usize) -> Option<String> {
     let Scope::Global(mode) = rule.scope else { return None };
     let limit = rule.limit.as_ref()?;
     if regions < 2 {

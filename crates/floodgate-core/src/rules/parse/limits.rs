@@ -84,9 +84,15 @@ impl FileParser<'_> {
                      strand slots in idle regions); limit each region's backends with scope: region (the default)",
                 );
             }
-            let limit = self.concurrency(&f, n, pos, field)?;
-            let local = self.local_limit(&limit, failure_mode, f.local_share, field);
-            (Some(limit), local)
+            if let (FailureMode::Local, Some((_, at))) = (failure_mode, &f.failure_mode) {
+                self.error(
+                    *at,
+                    &format!("{field}.failure_mode"),
+                    "failure_mode: local keeps a rate in this instance while the store fails; a slot taken there \
+                     could not be released through the store: use open or closed",
+                );
+            }
+            (Some(self.concurrency(&f, n, pos, field)?), None)
         } else {
             let limit = self.limited(&f, node, field)?;
             if let (Charge::After, Scope::Global(_), Some((_, pos)), crate::Algorithm::FixedWindow) =
@@ -163,24 +169,13 @@ impl FileParser<'_> {
                 ),
             );
         }
-        let ttl = match &f.lease_ttl {
-            None => DEFAULT_LEASE_TTL,
-            Some((text, at)) => match parse_duration(text) {
-                Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_LEASE_TTL => d,
-                r => {
-                    let why = r.err().map(|e| format!(" ({e})")).unwrap_or_default();
-                    self.error(
-                        *at,
-                        &format!("{field}.lease_ttl"),
-                        format!(
-                            "`{text}`{why}: write a duration from 1s to 24h, longer than the longest request it \
-                             counts (a holder that never releases keeps its slot this long; default 60s)"
-                        ),
-                    );
-                    DEFAULT_LEASE_TTL
-                }
-            },
-        };
+        let ttl = self.ttl(
+            &f.lease_ttl,
+            &format!("{field}.lease_ttl"),
+            (DEFAULT_LEASE_TTL, MAX_LEASE_TTL),
+            "longer than the longest request it counts (a holder that never releases keeps its slot this long; \
+             default 60s)",
+        );
         if self.errors.len() > before {
             return None;
         }
@@ -191,20 +186,30 @@ impl FileParser<'_> {
 
     /// `reservation_ttl`: a duration from 1s to a day (default 5 minutes).
     fn reservation_ttl(&mut self, f: &RateLimitFields, field: &str) -> std::time::Duration {
-        let Some((text, pos)) = &f.reservation_ttl else { return DEFAULT_RESERVATION_TTL };
+        self.ttl(
+            &f.reservation_ttl,
+            &format!("{field}.reservation_ttl"),
+            (DEFAULT_RESERVATION_TTL, MAX_RESERVATION_TTL),
+            "(how long a reservation may give back what it did not use; default 5m)",
+        )
+    }
+
+    /// A duration field from 1s to `bounds.1` (`bounds.0` when absent or
+    /// wrong); `what` says what it is for in the error.
+    fn ttl(
+        &mut self,
+        value: &Option<(String, Pos)>,
+        at: &str,
+        bounds: (std::time::Duration, std::time::Duration),
+        what: &str,
+    ) -> std::time::Duration {
+        let Some((text, pos)) = value else { return bounds.0 };
         match parse_duration(text) {
-            Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_RESERVATION_TTL => d,
+            Ok(d) if d >= std::time::Duration::from_secs(1) && d <= bounds.1 => d,
             r => {
                 let why = r.err().map(|e| format!(" ({e})")).unwrap_or_default();
-                self.error(
-                    *pos,
-                    &format!("{field}.reservation_ttl"),
-                    format!(
-                        "`{text}`{why}: write a duration from 1s to 24h (how long a reservation may give back what \
-                         it did not use; default 5m)"
-                    ),
-                );
-                DEFAULT_RESERVATION_TTL
+                self.error(*pos, at, format!("`{text}`{why}: write a duration from 1s to 24h {what}"));
+                bounds.0
             }
         }
     }
