@@ -167,13 +167,124 @@ pub fn most_restrictive<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> 
 pub struct Limiter<S> {
     store: S,
     local: MemoryStore,
+    leases: LeaseIds,
+}
+
+/// Lease ids: unique in this process (a seeded bijective mix of a counter)
+/// and never 0 (the anonymous lease). Not a secret: one id reveals the
+/// others, and a release without an id frees a lease of its key anyway.
+#[derive(Debug)]
+struct LeaseIds {
+    seed: u64,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseIds {
+    fn new() -> Self {
+        use std::hash::BuildHasher;
+        let seed = foldhash::fast::RandomState::default().hash_one(std::time::SystemTime::now());
+        Self { seed, next: std::sync::atomic::AtomicU64::new(1) }
+    }
+
+    /// splitmix64 of the seeded counter: a bijection, so ids repeat only
+    /// after 2^64 of them.
+    fn next(&self) -> u64 {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut z = self.seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)).max(1)
+    }
+}
+
+/// A metered request's outcome ([`Limiter::meter`]): its reservation, or
+/// the slots it holds.
+#[derive(Debug)]
+pub struct Metered {
+    /// The decision.
+    pub outcome: Outcome,
+    /// The reservation to settle (`None`: nothing kept).
+    pub reservation: Option<ReservationId>,
+    /// The slots held on concurrency limits, to release when the response
+    /// ends.
+    pub held: Option<Held>,
+}
+
+/// The slots a request holds on its concurrency limits (lease `lease` on
+/// each counter key and limit in `parts`), released by
+/// [`Limiter::release`] when its work ends, or by themselves when their
+/// lease does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// The lease's id.
+    pub lease: u64,
+    /// The counter key and limit of each concurrency limit that took a slot.
+    pub parts: Vec<(String, Limit)>,
+}
+
+impl Held {
+    /// The slots `checks` took as lease `lease` (their ops set by
+    /// [`acquire_ops`]), given their `outcome`: when the request is allowed,
+    /// the concurrency limits the store answered and allowed (a denied
+    /// request holds none: all or nothing). `None` when they took none.
+    pub fn of(lease: u64, checks: &[RuleCheck<'_>], outcome: &Outcome) -> Option<Held> {
+        if !outcome.allowed {
+            return None;
+        }
+        let parts: Vec<(String, Limit)> = checks
+            .iter()
+            .zip(&outcome.verdicts)
+            .filter(|(c, v)| {
+                matches!(c.op, Op::Acquire { .. }) && v.failure.is_none() && v.decision.is_some_and(|d| d.allowed)
+            })
+            .filter_map(|(c, _)| Some((c.key.to_owned(), c.rule.limit.clone().filter(Limit::is_concurrency)?)))
+            .collect();
+        (!parts.is_empty()).then_some(Held { lease, parts })
+    }
+}
+
+/// When some of `checks` is a concurrency limit: every check that takes
+/// acquires lease `lease` instead ([`Op::Acquire`]: a rate beside it takes
+/// as usual, all or nothing), and the answer is the shortest `lease_ttl`
+/// among them. `None` (and nothing changed) without one.
+pub fn acquire_ops(checks: &mut [RuleCheck<'_>], lease: u64) -> Option<Duration> {
+    let ttl =
+        checks.iter().filter_map(|c| c.rule.limit.as_ref().filter(|l| l.is_concurrency())).map(Limit::window).min()?;
+    for c in checks.iter_mut().filter(|c| c.op == Op::Take && c.hits > 0) {
+        c.op = Op::Acquire { lease };
+    }
+    Some(ttl)
 }
 
 impl<S: Store> Limiter<S> {
     /// A limiter over `store`; `local` serves `failure_mode: local` rules
     /// while `store` fails.
     pub fn new(store: S, local: MemoryStore) -> Self {
-        Self { store, local }
+        Self { store, local, leases: LeaseIds::new() }
+    }
+
+    /// A new lease id (unique in this process, never 0).
+    pub fn next_lease(&self) -> u64 {
+        self.leases.next()
+    }
+
+    /// Release the slots of `held`. A store that fails leaves them to end
+    /// with their lease.
+    pub async fn release(&self, held: &Held) {
+        let checks: Vec<Check<'_>> = held
+            .parts
+            .iter()
+            .map(|(key, limit)| Check {
+                key,
+                limit,
+                hits: 1,
+                op: Op::Release { lease: Some(held.lease) },
+                enforce: false,
+                scope: crate::region::Scope::Region,
+            })
+            .collect();
+        let mut out = Vec::with_capacity(checks.len());
+        self.store.apply_all(&checks, &mut out).await;
     }
 
     /// The store.
@@ -243,11 +354,12 @@ impl<S: Store> Limiter<S> {
     /// are reserved ([`Limiter::reserve`]); else — or when the store cannot
     /// keep reservations (down, or without support) — they are decided as an
     /// ordinary request, by each rule's failure policy, and nothing is kept.
-    pub async fn meter(
-        &self,
-        checks: &mut [RuleCheck<'_>],
-        estimate: &(dyn Fn(&Cost) -> u64 + Sync),
-    ) -> (Outcome, Option<ReservationId>) {
+    ///
+    /// A request matching a concurrency limit acquires one lease for it
+    /// ([`acquire_ops`]) and is decided, not reserved: its costs charged at
+    /// their estimates, the slots it took in [`Metered::held`], to release
+    /// ([`Limiter::release`]) when its response ends.
+    pub async fn meter(&self, checks: &mut [RuleCheck<'_>], estimate: &(dyn Fn(&Cost) -> u64 + Sync)) -> Metered {
         let mut metered = false;
         for c in checks.iter_mut() {
             if let Some(cost) = &c.rule.cost {
@@ -255,10 +367,16 @@ impl<S: Store> Limiter<S> {
                 metered = true;
             }
         }
-        if metered && let Ok(reserved) = self.reserve(checks).await {
-            return reserved;
+        let lease = self.next_lease();
+        if acquire_ops(checks, lease).is_some() {
+            let outcome = self.check(checks).await;
+            let held = Held::of(lease, checks, &outcome);
+            return Metered { outcome, reservation: None, held };
         }
-        (self.check(checks).await, None)
+        if metered && let Ok((outcome, reservation)) = self.reserve(checks).await {
+            return Metered { outcome, reservation, held: None };
+        }
+        Metered { outcome: self.check(checks).await, reservation: None, held: None }
     }
 
     /// The outcome of `checks` from the store's `results` for those with a

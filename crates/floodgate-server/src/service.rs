@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_core::limiter::{Limiter, Outcome, RuleCheck, Verdict, most_restrictive};
+use floodgate_core::limiter::{Held, Limiter, Outcome, RuleCheck, Verdict, acquire_ops, most_restrictive};
 use floodgate_core::reservation::{ReservationError, ReservationId, Settled};
 use floodgate_core::rules::cost::Cost;
 use floodgate_core::rules::{self, Planned, Rule, RuleSet, Unit, carried_key, counter_key};
@@ -245,6 +245,9 @@ pub struct Reserved {
     /// What each limit of the reservation took and reads its actual amount
     /// from (its `cost`), for a settle made by the proxy.
     pub meter: Option<floodgate_tower::Meter>,
+    /// The slots a metered request holds on concurrency limits (the proxy
+    /// releases them when the response ends).
+    pub held: Option<Held>,
 }
 
 /// Why a reserve was not decided.
@@ -265,34 +268,6 @@ pub struct Service<S> {
     keys: Option<Arc<PerKey>>,
     limiter: Limiter<S>,
     metrics: Arc<Metrics>,
-    leases: LeaseIds,
-}
-
-/// Lease ids: unique in this process (a seeded bijective mix of a counter)
-/// and never 0 (the anonymous lease). Not a secret: one id reveals the
-/// others, and a release without an id frees a lease of its key anyway.
-#[derive(Debug)]
-struct LeaseIds {
-    seed: u64,
-    next: std::sync::atomic::AtomicU64,
-}
-
-impl LeaseIds {
-    fn new() -> Self {
-        use std::hash::BuildHasher;
-        let seed = foldhash::fast::RandomState::default().hash_one(std::time::SystemTime::now());
-        Self { seed, next: std::sync::atomic::AtomicU64::new(1) }
-    }
-
-    /// splitmix64 of the seeded counter: a bijection, so ids repeat only
-    /// after 2^64 of them.
-    fn next(&self) -> u64 {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut z = self.seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)).max(1)
-    }
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -306,7 +281,7 @@ impl<S: Store> Service<S> {
     /// entries in `keys`, which take precedence for the exact descriptors
     /// they name).
     pub fn new(rules: Arc<Rules>, keys: Option<Arc<PerKey>>, limiter: Limiter<S>, metrics: Arc<Metrics>) -> Self {
-        Self { rules, keys, limiter, metrics, leases: LeaseIds::new() }
+        Self { rules, keys, limiter, metrics }
     }
 
     /// The hot-reloaded rules.
@@ -379,26 +354,38 @@ impl<S: Store> Service<S> {
         }
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
-        if let Some(p) = planned.iter().find(|p| is_concurrency(p.2)) {
-            return Err(RequestError::LeaseInReserve(p.0).into());
-        }
         let mut checks = checks_of(req, &planned);
-        let (outcome, id) = match estimate {
-            Some(estimate) => self.limiter.meter(&mut checks, estimate).await,
-            None => match self.limiter.reserve(&checks).await {
-                Ok(r) => r,
-                Err(e) => {
-                    self.metrics.request(protocol, None, started.elapsed());
-                    return Err(e.into());
+        let (outcome, id, held) = match estimate {
+            Some(estimate) => {
+                let m = self.limiter.meter(&mut checks, estimate).await;
+                (m.outcome, m.reservation, m.held)
+            }
+            None => {
+                if let Some(p) = planned.iter().find(|p| is_concurrency(p.2)) {
+                    return Err(RequestError::LeaseInReserve(p.0).into());
                 }
-            },
+                match self.limiter.reserve(&checks).await {
+                    Ok((outcome, id)) => (outcome, id, None),
+                    Err(e) => {
+                        self.metrics.request(protocol, None, started.elapsed());
+                        return Err(e.into());
+                    }
+                }
+            }
         };
         let decided = self.answer(req, &planned, &checks, &outcome);
         self.metrics.request(protocol, Some(decided.answer.allowed), started.elapsed());
         let ttl =
             id.and_then(|_| checks.iter().filter(|c| c.rule.limit.is_some()).map(|c| c.rule.reservation_ttl).max());
         let meter = id.map(|id| floodgate_tower::Meter::of(id, &checks, &outcome.verdicts));
-        Ok(Reserved { decided, id, ttl, meter })
+        Ok(Reserved { decided, id, ttl, meter, held })
+    }
+
+    /// Release the slots a metered request held ([`Reserved::held`]) when
+    /// its response ends. A store that fails leaves them to end with their
+    /// lease.
+    pub async fn release(&self, held: &Held) {
+        self.limiter.release(held).await;
     }
 
     /// Settle reservation `id` at `actual` (one amount for all its limits,
@@ -505,7 +492,7 @@ impl<S: Store> Service<S> {
         let sources = self.sources(req).await?;
         let planned = plan(req, &sources, self.keys.as_deref());
         let mut checks = checks_of(req, &planned);
-        let lease = lease_ops(req, &planned, &mut checks, extend, || self.leases.next());
+        let lease = lease_ops(req, &planned, &mut checks, extend, || self.limiter.next_lease());
         let outcome = self.limiter.check(&checks).await;
         let mut decided = self.answer(req, &planned, &checks, &outcome);
         // A lease is answered only when a concurrency limit took it.
@@ -597,24 +584,15 @@ fn lease_ops(
         return None;
     }
     let releases = |d: usize| req.descriptors[d].refund && planned.iter().any(|p| p.0 == d && is_concurrency(p.2));
-    let mut lease: Option<Lease> = None;
-    let mut id = None;
-    let mut new_id = Some(new_id);
     for (c, p) in checks.iter_mut().zip(planned) {
-        let desc = &req.descriptors[p.0];
         if releases(p.0) {
-            c.op = Op::Release { lease: desc.lease };
-        } else if c.op == Op::Take && c.hits > 0 {
-            let lease_id = *id.get_or_insert_with(|| new_id.take().map_or(0, |f| f()));
-            c.op = Op::Acquire { lease: lease_id };
-            if let Some(limit) = c.rule.limit.as_ref().filter(|_| is_concurrency(c.rule)) {
-                let ttl = limit.window();
-                let l = lease.get_or_insert(Lease { id: lease_id, ttl });
-                l.ttl = l.ttl.min(ttl);
-            }
+            c.op = Op::Release { lease: req.descriptors[p.0].lease };
         }
     }
-    lease
+    // The rest acquires one lease for the request (the releasing
+    // descriptors' checks are no longer takes).
+    let id = new_id();
+    acquire_ops(checks, id).map(|ttl| Lease { id, ttl })
 }
 
 /// What a request's descriptors resolve against: the rules in use, the

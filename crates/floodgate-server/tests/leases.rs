@@ -187,7 +187,8 @@ async fn the_http_api_acquires_releases_and_extends() {
         assert_eq!(v["descriptors"][0]["remaining"], 3, "{v}");
     }
     // A reservation cannot hold a slot.
-    let (st, _, v) = post("/v1/reserve", json!({"domain": "backend", "descriptors": [{"tenant": "t"}], "hits": 1})).await;
+    let (st, _, v) =
+        post("/v1/reserve", json!({"domain": "backend", "descriptors": [{"tenant": "t"}], "hits": 1})).await;
     assert_eq!(st, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("concurrency limit, whose slot a reservation cannot hold"), "{v}");
     s.stop().await;

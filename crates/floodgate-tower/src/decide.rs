@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use floodgate_core::limiter::{Limiter, OutcomeView, RuleCheck, Verdict};
+use floodgate_core::limiter::{Held, Limiter, OutcomeView, RuleCheck, Verdict};
 use floodgate_core::reservation::ReservationId;
 use floodgate_core::rules::cost::Metering;
 use floodgate_core::rules::{self, Planned, Rule, RuleSet};
@@ -81,6 +81,15 @@ pub trait Decide: Send + Sync + 'static {
     /// amount per part, in order). Failures are the decider's to report.
     fn settle(&self, id: ReservationId, actual: &[u64]) -> impl Future<Output = ()> + Send {
         let _ = (id, actual);
+        std::future::ready(())
+    }
+
+    /// Release the slots a request held on concurrency limits
+    /// ([`Reserved::held`]), when its response has ended (or was dropped:
+    /// the client gone, a panic, a cancellation). Failures leave them to
+    /// end with their lease.
+    fn release(&self, held: Held) -> impl Future<Output = ()> + Send {
+        let _ = held;
         std::future::ready(())
     }
 }
@@ -158,6 +167,23 @@ fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
     checks
 }
 
+/// A request decided by the plain layer that matches a concurrency limit:
+/// its slot could never be released (that takes the response's end: the
+/// metered layer's).
+fn leases_need_metering(checks: &[RuleCheck<'_>]) -> Result<(), DecideError> {
+    match checks.iter().find(|c| c.rule.limit.as_ref().is_some_and(Limit::is_concurrency)) {
+        None => Ok(()),
+        Some(c) => Err(DecideError {
+            status: http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!(
+                "rule `{}` is a concurrency limit, whose slot is released when the response ends: serve this \
+                 domain through RateLimitLayer::metered()",
+                c.rule.label()
+            ),
+        }),
+    }
+}
+
 impl<S: Store + 'static> Decide for RulesDecider<S> {
     async fn decide(&self, facts: &RequestFacts<'_>) -> Result<Answer, DecideError> {
         // A guard, not a reference count (shared by every core); held
@@ -165,6 +191,7 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Answer::unlimited()) };
         let checks = checks_of(&planned);
+        leases_need_metering(&checks)?;
         let outcome = self.limiter.check(&checks).await;
         Ok(Answer::of(&checks, outcome.view()))
     }
@@ -182,14 +209,18 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
         let mut checks = checks_of(&planned);
         let estimate = |cost: &rules::cost::Cost| estimate(cost, facts.headers, facts.body);
-        let (outcome, id) = self.limiter.meter(&mut checks, &estimate).await;
-        let meter = id.map(|id| Meter::of(id, &checks, &outcome.verdicts));
-        Ok(Reserved { answer: Answer::of(&checks, outcome.view()), meter })
+        let m = self.limiter.meter(&mut checks, &estimate).await;
+        let meter = m.reservation.map(|id| Meter::of(id, &checks, &m.outcome.verdicts));
+        Ok(Reserved { answer: Answer::of(&checks, m.outcome.view()), meter, held: m.held })
     }
 
     async fn settle(&self, id: ReservationId, actual: &[u64]) {
         // A failed settle leaves the reservation to expire at its estimate.
         let _ = self.limiter.store().settle(id, actual).await;
+    }
+
+    async fn release(&self, held: Held) {
+        self.limiter.release(&held).await;
     }
 }
 

@@ -39,6 +39,7 @@ pub use descriptors::{
     templates as descriptor_templates,
 };
 pub use floodgate_core::headers::HeaderMode;
+pub use floodgate_core::limiter::Held;
 pub use layer::{
     AnswerHeaders, BodyMode, DEFAULT_MAX_HELD, InnerBody, MAX_READ, Meter, MeterFuture, MeterLayer, MeterPart, Metered,
     MeteredBody, PeerAddr, RateLimit, RateLimitBody, RateLimitLayer, RequestBody, Reserved, ResponseFuture, Wrapped,

@@ -207,3 +207,69 @@ descriptors:
     assert_eq!(ask(r#"{"max_tokens": 5}"#), 200, "no model: no descriptor, nothing limits it");
     assert_eq!(ask(r#"{"model": "big", "stream": true}"#), 429, "streams too");
 }
+
+/// Issue 49: the proxy holds a tenant's slot from the request until the
+/// upstream's response has been sent, or the client went away; a request
+/// refused for concurrency never reaches the upstream and takes no rate.
+#[test]
+fn the_proxy_holds_a_slot_until_the_response_is_sent() {
+    let rules = "domain: llm
+request_descriptors:
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: hour, requests_per_unit: 1000, name: tenant_rate}
+      - {concurrency: 1, lease_ttl: 60s, name: tenant_in_flight}
+";
+    let fake = FakeOpenAi::start();
+    let s = Served::proxy("leases-proxy", rules, &fake.url(), &["--domain", "llm"]);
+    let quick = || chat(&s.proxy, "acme", "", r#"{"max_tokens": 5}"#).0;
+    // A 40-token stream at 20 ms a token: its slot is held while it flows.
+    let slow = r#"{"max_tokens": 40, "stream": true}"#;
+    let head = |c: &mut std::net::TcpStream| {
+        let mut buf = [0u8; 64];
+        let n = c.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    let mut a = cli::send(
+        &s.proxy,
+        "POST",
+        "/v1/chat/completions",
+        slow,
+        "x-tenant: acme\r\nx-fake: slow\r\nx-fake-completion: 40\r\n",
+    );
+    assert!(head(&mut a).starts_with("HTTP/1.1 200"));
+    assert_eq!(quick(), 429, "one in flight");
+    let upstream_before = fake.bodies().len();
+    let mut rest = Vec::new();
+    let _ = a.read_to_end(&mut rest);
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    cli::eventually("the slot freed once the stream was sent", Duration::from_secs(5), || quick() == 200);
+    assert_eq!(fake.bodies().len(), upstream_before + 1, "the refused request never reached the upstream");
+    // A client that goes away mid-stream frees its slot.
+    let mut b = cli::send(
+        &s.proxy,
+        "POST",
+        "/v1/chat/completions",
+        slow,
+        "x-tenant: acme\r\nx-fake: slow\r\nx-fake-completion: 40\r\n",
+    );
+    assert!(head(&mut b).starts_with("HTTP/1.1 200"));
+    assert_eq!(quick(), 429);
+    drop(b);
+    cli::eventually("the slot freed once the client went", Duration::from_secs(5), || quick() == 200);
+    // The rate kept only the admitted requests (a, a quick one, b, a quick
+    // one), and no slot is held.
+    let (code, _, body) = cli::http_full(
+        &s.admin,
+        "POST",
+        "/admin/v1/counters",
+        r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let used = |rule: &str| v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].clone();
+    assert_eq!(used("tenant_rate"), 4, "{v}");
+    assert_eq!(used("tenant_in_flight"), 0, "{v}");
+}

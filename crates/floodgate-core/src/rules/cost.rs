@@ -125,6 +125,9 @@ pub struct Metering {
     pub usage: bool,
     /// Some rule asks streamed responses for their usage.
     pub include_usage: bool,
+    /// Some limit is a concurrency limit: a request holds its slot until its
+    /// response ends (a lease, released then).
+    pub leases: bool,
 }
 
 impl Metering {
@@ -137,6 +140,7 @@ impl Metering {
                 body: m.body || matches!(c.estimate.from, EstimateFrom::Body(_)) || c.include_usage,
                 usage: m.usage || c.actual.reads_usage(),
                 include_usage: m.include_usage || c.include_usage,
+                leases: m.leases,
             })
         })
     }

@@ -425,6 +425,7 @@ fn concurrency_limits_are_read_and_checked() {
         "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: minute, requests_per_unit: 100}\n      - {concurrency: 5}\n",
     );
     assert_eq!(both.matches("d", &[("k", "x")]).unwrap().rules.len(), 2);
+    assert_eq!(both.domain("d").unwrap().metering().map(|m| m.leases), Some(true), "held until responses end");
     one_error(
         &rl("concurrency: 5, scope: global"),
         "test.yaml:4:41: descriptors[0].rate_limit.scope: a concurrency limit cannot be global",
@@ -464,7 +465,10 @@ fn costs_are_read_and_checked() {
     assert_eq!((cost.estimate.default, cost.estimate.times, cost.estimate.plus), (4096, 600_000, 300));
     assert!(matches!(&cost.actual, Actual::Usage(w) if w.len() == 2 && w[0].1 == 150_000));
     assert!(cost.include_usage, "asked by default when usage is read");
-    assert_eq!(set.domain("d").unwrap().metering(), Some(Metering { body: true, usage: true, include_usage: true }));
+    assert_eq!(
+        set.domain("d").unwrap().metering(),
+        Some(Metering { body: true, usage: true, include_usage: true, leases: false })
+    );
     let header = load(&rl("unit: hour, requests_per_unit: 9, cost: {estimate: 5, actual: {header: X-Cost}}"));
     let m = header.matches("d", &[("k", "x")]).unwrap();
     let cost = m.rules[0].cost.as_deref().unwrap();
@@ -472,7 +476,7 @@ fn costs_are_read_and_checked() {
     assert_eq!(cost.actual, Actual::Header(std::sync::Arc::from("x-cost")), "header names are kept lowercase");
     assert_eq!(
         header.domain("d").unwrap().metering(),
-        Some(Metering { body: false, usage: false, include_usage: false })
+        Some(Metering { body: false, usage: false, include_usage: false, leases: false })
     );
     assert_eq!(load(&rl("unit: hour, requests_per_unit: 9")).domain("d").unwrap().metering(), None);
     for (cost, want) in [

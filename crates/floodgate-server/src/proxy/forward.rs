@@ -210,7 +210,7 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
         let Some(req) = self.request(facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
         let estimate = |cost: &floodgate_core::rules::cost::Cost| estimate(cost, facts.headers, facts.body);
         match self.service.meter(&req, &estimate).await {
-            Ok(r) => Ok(Reserved { answer: r.decided.answer, meter: r.meter }),
+            Ok(r) => Ok(Reserved { answer: r.decided.answer, meter: r.meter, held: r.held }),
             Err(crate::service::ReserveError::Request(e)) => layer_answer(Err(e)).map(Reserved::unmetered),
             Err(e) => Err(DecideError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string() }),
         }
@@ -222,6 +222,10 @@ impl<S: Store + 'static> Decide for ServiceDecider<S> {
         if let Err(e) = self.service.settle(id, actual).await {
             tracing::warn!(reservation = %id, error = %e, "the proxy's settle failed: the reservation keeps its estimate");
         }
+    }
+
+    async fn release(&self, held: floodgate_tower::Held) {
+        self.service.release(&held).await;
     }
 }
 

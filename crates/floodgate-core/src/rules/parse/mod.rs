@@ -238,6 +238,15 @@ impl<'a> FileParser<'a> {
         if reads_body {
             domain.metering = Some(crate::rules::cost::Metering { body: true, ..domain.metering.unwrap_or_default() });
         }
+        // A concurrency limit: its slots are held until responses end.
+        let leases = domain
+            .rules()
+            .chain(domain.tiers.values().flat_map(|t| t.rules.iter()))
+            .any(|r| r.limit.as_ref().is_some_and(crate::Limit::is_concurrency));
+        if leases {
+            domain.metering =
+                Some(crate::rules::cost::Metering { leases: true, ..domain.metering.unwrap_or_default() });
+        }
         (self.errors.len() == before).then_some(domain)
     }
 

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use floodgate_core::limiter::Held;
 use floodgate_core::rules::cost::{Cost, EstimateFrom, Metering};
 use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -68,12 +69,15 @@ pub struct Reserved {
     pub answer: Answer,
     /// The reservation (`None`: nothing to settle).
     pub meter: Option<Meter>,
+    /// The slots held on concurrency limits, released
+    /// ([`Decide::release`]) when the response ends.
+    pub held: Option<Held>,
 }
 
 impl Reserved {
     /// An answer with nothing reserved.
     pub fn unmetered(answer: Answer) -> Self {
-        Self { answer, meter: None }
+        Self { answer, meter: None, held: None }
     }
 }
 
@@ -255,13 +259,15 @@ where
     };
     let reserved = shared.decider.reserve(&facts).await;
     drop(json);
-    let (result, meter) = match reserved {
-        Ok(r) => (Ok(r.answer), r.meter),
-        Err(e) => (Err(e), None),
+    let (result, meter, held) = match reserved {
+        Ok(r) => (Ok(r.answer), r.meter, r.held),
+        Err(e) => (Err(e), None, None),
     };
-    // From here the reservation settles whatever happens (dropped before a
-    // response: at its estimate).
-    let mut tally = meter.map(|m| tally::Tally::new(m, tally::settler(&shared)));
+    // From here the reservation settles, and the slots held are released,
+    // whatever happens (dropped before a response: the reservation at its
+    // estimate).
+    let mut tally =
+        (meter.is_some() || held.is_some()).then(|| tally::Tally::new(meter, held, tally::settler(&shared)));
     let mut headers = None;
     match next(&result, &parts.headers, &mut headers, shared.headers) {
         Next::Answered(resp) => return Ok(resp.map(MeteredBody::local)),

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use floodgate_core::limiter::{RuleCheck, Verdict};
+use floodgate_core::limiter::{Held, RuleCheck, Verdict};
 use floodgate_core::reservation::ReservationId;
 use floodgate_core::rules::cost::Actual;
 use http::{HeaderMap, StatusCode};
@@ -51,9 +51,11 @@ impl Meter {
     }
 }
 
-/// Settles a reservation (the decider, behind the layer's shared state).
+/// Settles a reservation and releases held slots (the decider, behind the
+/// layer's shared state).
 pub(crate) trait Settler: Send + Sync {
     fn settle(&self, meter: &Meter, actual: Vec<u64>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    fn release(&self, held: Held) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
 struct SettleWith<D>(Arc<Shared<D>>);
@@ -63,6 +65,11 @@ impl<D: Decide> Settler for SettleWith<D> {
         let (shared, id) = (Arc::clone(&self.0), meter.id);
         Box::pin(async move { shared.decider.settle(id, &actual).await })
     }
+
+    fn release(&self, held: Held) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let shared = Arc::clone(&self.0);
+        Box::pin(async move { shared.decider.release(held).await })
+    }
 }
 
 /// The settler of a layer's decider.
@@ -70,9 +77,13 @@ pub(crate) fn settler<D: Decide>(shared: &Arc<Shared<D>>) -> Arc<dyn Settler> {
     Arc::new(SettleWith(Arc::clone(shared)))
 }
 
-/// What a metered response said of its cost; settled when dropped.
+/// What a metered response said of its cost; settled, and its slots
+/// released, when dropped (the body ended or was dropped).
 pub(crate) struct Tally {
-    meter: Meter,
+    /// The reservation, when one was kept.
+    meter: Option<Meter>,
+    /// The slots held on concurrency limits.
+    held: Option<Held>,
     settler: Arc<dyn Settler>,
     /// The response's status, once its head came.
     status: Option<StatusCode>,
@@ -85,10 +96,11 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub(crate) fn new(meter: Meter, settler: Arc<dyn Settler>) -> Self {
-        let usage = meter.parts.iter().any(|p| p.actual.as_ref().is_some_and(Actual::reads_usage));
+    pub(crate) fn new(meter: Option<Meter>, held: Option<Held>, settler: Arc<dyn Settler>) -> Self {
+        let usage = meter.iter().flat_map(|m| &m.parts).any(|p| p.actual.as_ref().is_some_and(Actual::reads_usage));
         Self {
             meter,
+            held,
             settler,
             status: None,
             from_headers: Vec::new(),
@@ -105,11 +117,11 @@ impl Tally {
     /// The response head came.
     pub(crate) fn head(&mut self, status: StatusCode, headers: &HeaderMap) {
         self.status = Some(status);
-        if !self.meter.parts.iter().any(|p| matches!(p.actual, Some(Actual::Header(_)))) {
+        let Some(meter) = &self.meter else { return };
+        if !meter.parts.iter().any(|p| matches!(p.actual, Some(Actual::Header(_)))) {
             return;
         }
-        self.from_headers = self
-            .meter
+        self.from_headers = meter
             .parts
             .iter()
             .map(|p| match &p.actual {
@@ -130,10 +142,10 @@ impl Tally {
     /// response or a request never forwarded (refused while held for
     /// shaping, or its client gone before: nothing was served); else the
     /// estimate.
-    fn actuals(&self) -> Vec<u64> {
+    fn actuals(&self, meter: &Meter) -> Vec<u64> {
         let failed = !self.forwarded || self.status.is_some_and(|s| s.is_client_error() || s.is_server_error());
         let usage = self.scanner.as_ref().map(Scanner::usage);
-        self.meter
+        meter
             .parts
             .iter()
             .enumerate()
@@ -155,15 +167,19 @@ impl Tally {
 
 impl Drop for Tally {
     fn drop(&mut self) {
-        let mut settle = self.settler.settle(&self.meter, self.actuals());
-        // The memory store settles at once; a store that waits finishes on
-        // the runtime. Without one, the reservation keeps its estimate until
-        // it expires.
-        if settle.as_mut().poll(&mut Context::from_waker(Waker::noop())) == Poll::Ready(()) {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(settle);
+        let settle = self.meter.as_ref().map(|m| self.settler.settle(m, self.actuals(m)));
+        let release = self.held.take().map(|h| self.settler.release(h));
+        for mut work in settle.into_iter().chain(release) {
+            // The memory store answers at once; a store that waits finishes
+            // on the runtime. Without one, the reservation keeps its
+            // estimate until it expires, and the slots free when their
+            // lease ends.
+            if work.as_mut().poll(&mut Context::from_waker(Waker::noop())) == Poll::Ready(()) {
+                continue;
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(work);
+            }
         }
     }
 }
