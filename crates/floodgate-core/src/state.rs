@@ -61,6 +61,14 @@ impl State {
         Self(Inner::Empty)
     }
 
+    /// The slots its leases hold (a concurrency limit's state), else 0.
+    pub fn leases_used(&self) -> u64 {
+        match &self.0 {
+            Inner::Leases(l) => l.used,
+            _ => 0,
+        }
+    }
+
     /// Heap bytes owned beyond the state itself (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
         match &self.0 {

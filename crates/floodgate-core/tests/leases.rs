@@ -71,6 +71,7 @@ fn a_lease_ends_by_itself_and_an_extended_one_later() {
     // A late release of lease 1 frees nobody else's slot.
     assert_eq!(decide(&store, &[check("k", &slots, 1, Op::Release { lease: Some(1) })]), [true]);
     assert_eq!(decide(&store, &[check("k", &slots, 1, Op::Acquire { lease: 4 })]), [false]);
+    assert_eq!(store.lease_stats()[0].1.held, 2, "leases 2 and 3");
     // A release without an id frees the earliest-expiring lease (3's ends later than 2's).
     assert_eq!(decide(&store, &[check("k", &slots, 1, Op::Release { lease: None })]), [true]);
     assert_eq!(decide(&store, &[check("k", &slots, 1, Op::Extend { lease: 2 })]), [false], "lease 2 went");
@@ -125,5 +126,13 @@ fn a_million_acquires_with_a_tenth_never_released_leak_nothing() {
     }
     quiet(&store);
     assert_eq!(store.len(), keys_before);
+    // The slots' accounts: none held, each acquired one released by its
+    // holder or expired (the tenth never released, and the warm-up's).
+    let stats = store.lease_stats();
+    assert_eq!(stats.len(), 1);
+    let s = stats[0].1;
+    assert_eq!(s.held, 0, "{s:?}");
+    assert_eq!(s.acquired, s.released + s.expired, "{s:?}");
+    assert_eq!(s.expired, held + names.len() as u64, "{s:?}");
     assert!(store.memory_bytes() <= bytes_before, "{} > {bytes_before}", store.memory_bytes());
 }

@@ -55,6 +55,12 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
         true
     }
 
+    /// Each concurrency limit's slots (held, acquired, released, expired),
+    /// by limit fingerprint.
+    fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
+        Vec::new()
+    }
+
     /// What the store reports of itself for the dashboard (kind, keys,
     /// Redis's breaker and counters).
     fn store_health(&self) -> serde_json::Value {
@@ -63,6 +69,10 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
 }
 
 impl Backend for MemoryStore<SystemClock> {
+    fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
+        MemoryStore::lease_stats(self)
+    }
+
     fn render_metrics(&self, out: &mut String) {
         metrics::gauge(
             out,

@@ -339,6 +339,35 @@ impl Metrics {
     }
 }
 
+/// Each concurrency rule's slots ([`crate::service::Service::leases`]):
+/// held now against the limit, and acquired, released and expired (its
+/// refusals are `floodgate_decisions_total{result="over_limit"}`).
+pub fn render_leases(out: &mut String, leases: &[crate::service::RuleLeases]) {
+    if leases.is_empty() {
+        return;
+    }
+    type Pick = fn(&crate::service::RuleLeases) -> u64;
+    let families: [(&str, &str, &str, Pick); 5] = [
+        ("floodgate_leases_in_flight", "gauge", "Slots held now by a concurrency limit's leases.", |l| l.stats.held),
+        ("floodgate_leases_limit", "gauge", "A concurrency limit's slots per key (concurrency).", |l| l.concurrency),
+        ("floodgate_leases_acquired_total", "counter", "Slots acquired.", |l| l.stats.acquired),
+        ("floodgate_leases_released_total", "counter", "Slots released by their holders.", |l| l.stats.released),
+        (
+            "floodgate_leases_expired_total",
+            "counter",
+            "Slots whose lease ended while held (a holder that crashed, hung or never released; or its key dropped).",
+            |l| l.stats.expired,
+        ),
+    ];
+    for (name, kind, help, pick) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for l in leases {
+            let _ =
+                writeln!(out, "{name}{{domain=\"{}\",rule=\"{}\"}} {}", escape(&l.domain), escape(&l.rule), pick(l));
+        }
+    }
+}
+
 /// Append one metric with no labels.
 pub fn gauge(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");

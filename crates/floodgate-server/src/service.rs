@@ -218,6 +218,19 @@ pub struct Peeked {
     pub shadow: bool,
 }
 
+/// One concurrency rule's slots ([`Service::leases`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleLeases {
+    /// The rules domain.
+    pub domain: String,
+    /// The rule's label (its name, else its stats key).
+    pub rule: String,
+    /// Its `concurrency`.
+    pub concurrency: u64,
+    /// Held now, and acquired, released and expired since the start.
+    pub stats: floodgate_core::store::memory::LeaseStats,
+}
+
 /// A decided request: its answer (the one every adapter gives, with the
 /// limit its rate-limit headers describe), and RLS's status per
 /// descriptor beside it (the HTTP API reports them too).
@@ -379,6 +392,35 @@ impl<S: Store> Service<S> {
             id.and_then(|_| checks.iter().filter(|c| c.rule.limit.is_some()).map(|c| c.rule.reservation_ttl).max());
         let meter = id.map(|id| floodgate_tower::Meter::of(id, &checks, &outcome.verdicts));
         Ok(Reserved { decided, id, ttl, meter, held })
+    }
+
+    /// Each concurrency rule's slots now, from the store's accounts: its
+    /// domain, label, `concurrency`, and held / acquired / released /
+    /// expired (rules of the same limit share their counts).
+    pub fn leases(&self) -> Vec<RuleLeases>
+    where
+        S: crate::Backend,
+    {
+        let stats = self.limiter.store().lease_stats();
+        if stats.is_empty() {
+            return Vec::new();
+        }
+        let set = self.rules.current();
+        let mut out = Vec::new();
+        for domain in set.domains() {
+            let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter());
+            for rule in domain.rules().chain(tiers) {
+                let Some(limit) = rule.limit.as_ref().filter(|l| l.is_concurrency()) else { continue };
+                let Ok(i) = stats.binary_search_by_key(&limit.fingerprint(), |(fp, _)| *fp) else { continue };
+                out.push(RuleLeases {
+                    domain: domain.name().to_owned(),
+                    rule: rule.label().to_owned(),
+                    concurrency: limit.limit(),
+                    stats: stats[i].1,
+                });
+            }
+        }
+        out
     }
 
     /// Release the slots a metered request held ([`Reserved::held`]) when

@@ -157,6 +157,12 @@ async fn the_http_api_acquires_releases_and_extends() {
     let id = one["lease"]["id"].as_str().unwrap().to_owned();
     let (_, _, two) = post("/v1/check", check(1, None)).await;
     assert_eq!(two["allowed"], true);
+    // The metrics: two slots in flight of the rule's two per key.
+    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
+    assert!(text.contains("floodgate_leases_limit{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
+    assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
     let (_, _, three) = post("/v1/check", check(1, None)).await;
     assert_eq!((&three["allowed"], three.get("lease")), (&json!(false), None), "{three}");
     // Extend, then release by id: the slot frees.

@@ -30,6 +30,8 @@ descriptors:
   - key: path
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2, name: api_paths}
+  - key: job
+    rate_limit: {concurrency: 3, lease_ttl: 10m, name: api_jobs}
 tiers:
   pro: {unit: minute, requests_per_unit: 100, name: api_pro}
 ";
@@ -132,7 +134,16 @@ fn dashboard_in_a_real_browser() {
         "return [...document.querySelectorAll('#loaded tbody tr')].filter(tr => tr.children[0].textContent !== 'many').map(tr => tr.children[3].textContent).sort();",
         json!([]),
     );
-    assert_eq!(limits, json!(["1,000,000,000 per second", "2 per minute", "5 per day"]), "{limits}");
+    assert_eq!(
+        limits,
+        json!([
+            "1,000,000,000 per second",
+            "2 per minute",
+            "3 in flight per key, leases end after 10 min",
+            "5 per day"
+        ]),
+        "{limits}"
+    );
     // Tiers are listed with file:line and how many entries use each, not the entries.
     let tier = b.wait_for(
         "the pro tier with its entry count",
@@ -185,6 +196,10 @@ fn dashboard_in_a_real_browser() {
         ask_api(&s, "path", "/x");
         ask_api(&s, "user", "vip");
     }
+    // Two jobs in flight (RLS acquires whose stream ends never come).
+    for _ in 0..2 {
+        ask_api(&s, "job", "nightly");
+    }
     let top = b.wait_for("user=flooder first by hits and by denials", 10, "const h = document.querySelector('[data-rule=\"api/api_users\"] .top-hits li'); const d = document.querySelector('[data-rule=\"api/api_users\"] .top-denials li'); return h && d && h.dataset.key === 'user=flooder' && d.dataset.key === 'user=flooder' && h.textContent;");
     assert_eq!(top, json!("user=flooder — 50"), "exact while the table holds every key");
     let note =
@@ -205,6 +220,12 @@ fn dashboard_in_a_real_browser() {
     assert_eq!(tags, json!(["shadow", "per-key tier pro"]));
     let at = b.run("return document.querySelector('[data-rule=\"api/api_pro\"] .at').textContent;", json!([]));
     assert!(at.as_str().unwrap().contains("1.yaml:"), "a tier's limit has its file:line: {at}");
+    let in_flight = b.wait_for(
+        "a concurrency limit's slots in flight",
+        10,
+        "const e = document.querySelector('[data-rule=\"api/api_jobs\"] .in-flight'); return e && e.textContent;",
+    );
+    assert_eq!(in_flight, json!("in flight now: 2 (up to 3 per key)"));
     let most_denied = b.wait_for(
         "the most denied key across rules",
         10,
@@ -298,9 +319,9 @@ fn dashboard_in_a_real_browser() {
     let more = b.wait_for(
         "the page's count of rules",
         10,
-        "const m = document.getElementById('rules-more'); return m.textContent.includes('of 64 rules') && m.textContent;",
+        "const m = document.getElementById('rules-more'); return m.textContent.includes('of 65 rules') && m.textContent;",
     );
-    assert!(more.as_str().unwrap().starts_with("Showing 50 of 64 rules"), "{more}");
+    assert!(more.as_str().unwrap().starts_with("Showing 50 of 65 rules"), "{more}");
     let order = "return [...document.querySelectorAll('#rules .rule')].map(r => r.dataset.rule);";
     let before = b.run(order, json!([]));
     for _ in 0..30 {
@@ -310,7 +331,7 @@ fn dashboard_in_a_real_browser() {
     std::thread::sleep(std::time::Duration::from_millis(2_500));
     assert_eq!(b.run(order, json!([])), before, "rows keep their places");
     b.run("document.getElementById('show-more').click();", json!([]));
-    b.wait_for("every rule shown", 10, "return document.querySelectorAll('#rules .rule').length === 64;");
+    b.wait_for("every rule shown", 10, "return document.querySelectorAll('#rules .rule').length === 65;");
 
     // Any key's state, as /v1/check with hits 0 says: an idle key, and the
     // flooder (limited now). (A day's window: no edge passes during the test

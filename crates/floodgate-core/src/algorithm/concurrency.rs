@@ -11,12 +11,15 @@
 use crate::state::{Lease, Leases};
 use crate::{Decision, Limit, State};
 
-/// Drop the leases expired at `now`.
-fn prune(leases: &mut Leases, now: u64) {
-    if leases.held.iter().any(|l| l.expires_us <= now) {
-        leases.held.retain(|l| l.expires_us > now);
-        leases.used = leases.held.iter().map(|l| l.slots).sum();
+/// Drop the leases expired at `now`: the slots they held.
+pub(super) fn prune(leases: &mut Leases, now: u64) -> u64 {
+    if !leases.held.iter().any(|l| l.expires_us <= now) {
+        return 0;
     }
+    let before = leases.used;
+    leases.held.retain(|l| l.expires_us > now);
+    leases.used = leases.held.iter().map(|l| l.slots).sum();
+    before - leases.used
 }
 
 /// Until every lease has expired.

@@ -139,6 +139,21 @@ impl Limit {
         }
     }
 
+    /// The slots a concurrency limit's `state` holds (leases expired but not
+    /// yet dropped included; 0 for any other state).
+    pub fn leases_held(&self, state: &State) -> u64 {
+        state.leases_used()
+    }
+
+    /// Drop the leases of `state` expired at `now_us`: the slots they held
+    /// (0 for any other limit).
+    pub fn expire_leases(&self, state: &mut State, now_us: u64) -> u64 {
+        if !self.is_concurrency() || state.leases_used() == 0 {
+            return 0;
+        }
+        concurrency::prune(state.leases(), now_us)
+    }
+
     /// **Release** lease `lease` of a concurrency limit, or with `None` its
     /// earliest-expiring lease (a release that lost its id frees the slot
     /// that would free first anyway), answered as a peek afterwards. A

@@ -75,6 +75,9 @@ struct Shard(Mutex<ShardInner>);
 
 struct ShardInner {
     table: Table<Slot>,
+    /// The concurrency limits' slots in this shard, by limit fingerprint
+    /// (kept under the shard's lock: no lock of their own).
+    leases: std::collections::HashMap<u32, LeaseStats>,
     /// Sweep expired keys when an insert finds the table this long...
     sweep_at_len: usize,
     /// ...or finds this second reached.
@@ -90,6 +93,50 @@ struct ShardInner {
 
 /// Sweeps in a row under a quarter full before a table shrinks.
 const SPARSE_SWEEPS: u8 = 6;
+
+/// A concurrency limit's slots in the store: held now, and acquired,
+/// released and expired (a lease ended, or its key was dropped: swept,
+/// evicted, or written by another limit) since the store began.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Slots held now.
+    pub held: u64,
+    /// Slots acquired.
+    pub acquired: u64,
+    /// Slots released by their holders.
+    pub released: u64,
+    /// Slots whose lease ended (or whose key was dropped) while held.
+    pub expired: u64,
+}
+
+impl LeaseStats {
+    /// Slots `expired` (ended before the operation), then the held count
+    /// moving from `before` to `after` by the operation.
+    fn record(&mut self, expired: u64, before: u64, after: u64) {
+        self.expired += expired;
+        self.held = (self.held.saturating_sub(expired) + after).saturating_sub(before);
+        if after > before {
+            self.acquired += after - before;
+        } else {
+            self.released += before - after;
+        }
+    }
+
+    fn add(&mut self, other: &LeaseStats) {
+        self.held += other.held;
+        self.acquired += other.acquired;
+        self.released += other.released;
+        self.expired += other.expired;
+    }
+}
+
+/// Slots still held by a key's state as it is dropped: expired.
+fn lost(leases: &mut std::collections::HashMap<u32, LeaseStats>, slot: &Slot) {
+    let used = slot.state.leases_used();
+    if used > 0 {
+        leases.entry(slot.fp).or_default().record(used, used, used);
+    }
+}
 
 /// One key: 64 bytes, one cache line.
 #[repr(align(64))]
@@ -169,6 +216,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shards: (0..shards)
                 .map(|_| {
                     Shard(Mutex::new(ShardInner {
+                        leases: std::collections::HashMap::new(),
                         table: Table::new(),
                         sweep_at_len: MIN_SWEEP_LEN,
                         sweep_at_s: 0,
@@ -232,6 +280,12 @@ impl<C: Clock> MemoryStore<C> {
         late: bool,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
+        if limit.is_concurrency() {
+            // Leases, accounted ([`MemoryStore::lease_stats`]): an
+            // anonymous acquire, or a peek.
+            let hits = if late { 0 } else { hits };
+            return self.leases_bytes_at(key, limit, now_us, hits > 0, |s| limit.acquire(s, now_us, hits, 0));
+        }
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
@@ -326,6 +380,12 @@ impl<C: Clock> MemoryStore<C> {
             Op::Acquire { lease } if c.op.on_leases(c.limit) => {
                 let _ = self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.release(s, now_us, Some(lease)));
             }
+            Op::Take if c.limit.is_concurrency() => {
+                let _ = self.leases_at(c.key, c.limit, now_us, false, |s| {
+                    c.limit.refund(s, now_us, now_us, c.hits);
+                    c.limit.acquire(s, now_us, 0, 0)
+                });
+            }
             _ => self.refund_at(c.key, c.limit, c.hits, now_us, now_us),
         }
     }
@@ -342,13 +402,29 @@ impl<C: Clock> MemoryStore<C> {
         create: bool,
         op: impl FnOnce(&mut State) -> Decision,
     ) -> Result<Decision, StoreError> {
-        let key = key.as_bytes();
+        self.leases_bytes_at(key.as_bytes(), limit, now_us, create, op)
+    }
+
+    /// [`MemoryStore::leases_at`] for a key given as bytes.
+    #[inline(never)]
+    fn leases_bytes_at(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        now_us: u64,
+        create: bool,
+        op: impl FnOnce(&mut State) -> Decision,
+    ) -> Result<Decision, StoreError> {
         let hash = self.hasher.hash_one(key);
         let probe = Probe::new(key, hash);
         let mut shard = self.lock(hash);
         if let Some(slot) = slot_of(&mut shard, hash, &probe, limit) {
+            let expired = limit.expire_leases(&mut slot.state, now_us);
+            let before = slot.state.leases_used();
             let d = op(&mut slot.state);
+            let after = slot.state.leases_used();
             slot.expires_s = expiry_s(now_us, &d);
+            shard.leases.entry(limit.fingerprint()).or_default().record(expired, before, after);
             return Ok(d);
         }
         let mut state = State::new();
@@ -357,16 +433,37 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(d);
         }
         self.make_room(&mut shard, seconds(now_us))?;
+        shard.leases.entry(limit.fingerprint()).or_default().record(0, 0, state.leases_used());
         let slot =
             Slot { key: StoredKey::new(&probe), state, expires_s: expiry_s(now_us, &d), fp: limit.fingerprint() };
         shard.table.insert_unique(hash, slot, |s| self.hasher.hash_one(s.key.as_bytes()));
         Ok(d)
     }
 
+    /// Every concurrency limit's slots in the store, by limit fingerprint
+    /// ([`Limit::fingerprint`]: two limits of the same parameters share
+    /// theirs).
+    pub fn lease_stats(&self) -> Vec<(u32, LeaseStats)> {
+        let mut all: std::collections::HashMap<u32, LeaseStats> = std::collections::HashMap::new();
+        for s in self.shards.iter() {
+            let inner = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+            for (fp, st) in &inner.leases {
+                all.entry(*fp).or_default().add(st);
+            }
+        }
+        let mut out: Vec<(u32, LeaseStats)> = all.into_iter().collect();
+        out.sort_unstable_by_key(|(fp, _)| *fp);
+        out
+    }
+
     /// One check at `now_us`, as its [`Op`] says (alone: a request's
     /// checks go through [`MemoryStore::apply_all_at`], all or nothing).
     pub fn check_at(&self, c: &Check<'_>, now_us: u64) -> Result<Decision, StoreError> {
         match c.op {
+            // A refund of slots without an id.
+            Op::Refund if c.limit.is_concurrency() => {
+                self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.give_back(s, now_us, c.hits))
+            }
             Op::Take => self.apply_at(c.key, c.limit, c.hits, now_us),
             Op::Refund => Ok(self.give_back_at(c.key, c.limit, c.hits, now_us)),
             Op::Late => self.late_at(c.key, c.limit, c.hits, now_us),
@@ -470,7 +567,8 @@ impl<C: Clock> MemoryStore<C> {
         match self.on_full {
             OnFull::Refuse => Err(StoreError::Full { max_keys: self.max_keys }),
             OnFull::Evict => {
-                let evicted = evict_nearest_expiry(&mut shard.table, (max / 8).max(1), max, &self.hasher);
+                let ShardInner { table, leases, .. } = shard;
+                let evicted = evict_nearest_expiry(table, leases, (max / 8).max(1), max, &self.hasher);
                 self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
                 Ok(())
             }
@@ -549,8 +647,10 @@ impl<C> std::fmt::Debug for MemoryStore<C> {
 /// limit wrote it.
 #[inline(always)]
 fn slot_of<'s>(shard: &'s mut ShardInner, hash: u64, probe: &Probe<'_>, limit: &Limit) -> Option<&'s mut Slot> {
-    let slot = shard.table.find_mut(hash, |s| s.key.matches(probe))?;
+    let ShardInner { table, leases, .. } = shard;
+    let slot = table.find_mut(hash, |s| s.key.matches(probe))?;
     if slot.fp != limit.fingerprint() {
+        lost(leases, slot);
         slot.state = State::new();
         slot.fp = limit.fingerprint();
     }
@@ -561,7 +661,17 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
     let before = shard.table.len();
     let rehash = |s: &Slot| hasher.hash_one(s.key.as_bytes());
     if shard.table.iter().any(|s| s.expires_s <= now_s) {
-        shard.table.retain(|s| s.expires_s > now_s, rehash);
+        let ShardInner { table, leases, .. } = shard;
+        table.retain(
+            |s| {
+                let keep = s.expires_s > now_s;
+                if !keep {
+                    lost(leases, s);
+                }
+                keep
+            },
+            rehash,
+        );
     }
     let len = shard.table.len();
     if shard.table.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
@@ -582,6 +692,7 @@ fn sweep_expired(shard: &mut ShardInner, now_s: u32, hasher: &foldhash::fast::Ra
 /// Evict the slots closest to expiry until `free` slots are free below `max`.
 fn evict_nearest_expiry(
     table: &mut Table<Slot>,
+    leases: &mut std::collections::HashMap<u32, LeaseStats>,
     free: usize,
     max: usize,
     hasher: &foldhash::fast::RandomState,
@@ -596,14 +707,18 @@ fn evict_nearest_expiry(
     let mut ties = excess - expiries.iter().filter(|&&e| e < cut).count();
     table.retain(
         |s| {
-            if s.expires_s < cut {
+            let keep = if s.expires_s < cut {
                 false
             } else if s.expires_s == cut && ties > 0 {
                 ties -= 1;
                 false
             } else {
                 true
+            };
+            if !keep {
+                lost(leases, s);
             }
+            keep
         },
         |s| hasher.hash_one(s.key.as_bytes()),
     );

@@ -81,8 +81,24 @@ pub async fn snapshot<S: Backend>(service: &Service<S>, top: usize, range: usize
         "now_unix_ms": now_ms,
         "status": status,
         "range": crate::dashboard::history::RANGES[range].0,
-        "dashboard": service.metrics().dashboard_json(top, range),
+        "dashboard": with_leases(service.metrics().dashboard_json(top, range), &service.leases()),
     })
+}
+
+/// The dashboard's rules with their concurrency limits' slots: `in_flight`
+/// and `concurrency` on each such rule's entry.
+fn with_leases(mut dashboard: Value, leases: &[crate::service::RuleLeases]) -> Value {
+    if let Some(rules) = dashboard["rules"].as_array_mut() {
+        for r in rules {
+            let lease = leases.iter().find(|l| r["domain"] == l.domain.as_str() && r["rule"] == l.rule.as_str());
+            if let Some(l) = lease {
+                r["in_flight"] = json!(l.stats.held);
+                r["concurrency"] = json!(l.concurrency);
+                r["leases_expired"] = json!(l.stats.expired);
+            }
+        }
+    }
+    dashboard
 }
 
 /// [`snapshot`] once a second as NDJSON, until the client stops reading

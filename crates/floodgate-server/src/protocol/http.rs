@@ -296,5 +296,6 @@ async fn metrics<S: Backend>(State(state): State<Arc<HttpState<S>>>) -> Response
         crate::metrics::render_keys(&mut out, k);
     }
     service.store().render_metrics(&mut out);
+    crate::metrics::render_leases(&mut out, &service.leases());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }

@@ -221,6 +221,13 @@ impl Backend for ServerStore {
         matches!(self, Self::Memory(_) | Self::Regional(..))
     }
 
+    fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
+        match self {
+            Self::Memory(s) | Self::Regional(s, ..) => s.lease_stats(),
+            Self::Redis(..) | Self::RedisRegional(..) => Vec::new(),
+        }
+    }
+
     fn store_health(&self) -> serde_json::Value {
         match self {
             Self::Memory(s) | Self::Regional(s, ..) => s.store_health(),

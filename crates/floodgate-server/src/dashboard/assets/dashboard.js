@@ -136,6 +136,9 @@ function bursty(algorithm) {
 // algorithm has one.
 function limitText(r) {
   if (r.unlimited) return 'unlimited';
+  if (r.algorithm === 'concurrency') {
+    return `${r.limit.toLocaleString('en')} in flight per key, leases end after ${duration(r.window_ms / 1000)}`;
+  }
   const burst = bursty(r.algorithm) && r.burst ? `, bursts of ${r.burst.toLocaleString('en')}` : '';
   return `${r.limit.toLocaleString('en')} per ${perWindow(r.window_ms)}${burst}`;
 }
@@ -772,6 +775,12 @@ function updateRow(row, r) {
   for (const s of SERIES) {
     const v = lastRate(h, s);
     row.rates.append(el('span', { class: 'rate-' + s, 'data-value': String(v), text: `${num(v)}/s ${NAMES[s]}` }));
+  }
+  if (r.concurrency !== undefined) {
+    // A concurrency limit: its slots held now, against its limit per key.
+    row.rates.append(el('span', { class: 'in-flight', 'data-value': String(r.in_flight),
+      text: `in flight now: ${num(r.in_flight)} (up to ${num(r.concurrency)} per key)` +
+        (r.leases_expired ? `; ${num(r.leases_expired)} leases ended unreleased` : '') }));
   }
   const t = sums(h);
   const decisions = SERIES.reduce((a, n) => a + t[n], 0);
