@@ -267,9 +267,12 @@ pub(crate) struct BenchArgs {
     pub(crate) server: String,
     /// grpc (RLS ShouldRateLimit), json (POST /json), get (GET --path on
     /// any HTTP server, e.g. through `floodgate proxy`: 2xx counts as
-    /// allowed, 429 as denied; no descriptor is sent), or budget (a
+    /// allowed, 429 as denied; no descriptor is sent), budget (a
     /// reservation of one hit and its settle over gRPC,
-    /// floodgate.budget.v1.Budget: one request of the run is both calls).
+    /// floodgate.budget.v1.Budget: one request of the run is both calls),
+    /// or lease (Envoy's pair for a concurrency limit: an RLS acquire, then
+    /// the stream-end release with the lease id the answer carried; one
+    /// request of the run is both calls).
     #[arg(long, default_value = "grpc")]
     pub(crate) protocol: String,
     /// The path of --protocol get.

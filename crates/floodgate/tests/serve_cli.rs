@@ -186,3 +186,19 @@ fn a_taken_port_exits_2() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot bind the gRPC address"), "{err}");
 }
+
+/// `bench --protocol lease` (issue 49): Envoy's acquire and stream-end
+/// release as one request; every slot is free again when it stops.
+#[test]
+fn bench_acquires_and_releases_leases() {
+    let rules = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {concurrency: 2, name: in_flight}\n";
+    let s = Served::start("lease-bench", rules, &[]);
+    let v = bench(&s.grpc, "lease", &["--duration", "500ms", "--concurrency", "8", "--keys", "100"]);
+    assert!(v["allowed"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    let (_, metrics) = cli::http_get(&s.http, "/metrics");
+    let held = metrics.lines().find(|l| l.starts_with("floodgate_leases_in_flight{")).unwrap_or_default().to_owned();
+    assert!(held.ends_with(" 0"), "every lease released: {held}");
+    let acquired = metrics.lines().find(|l| l.starts_with("floodgate_leases_acquired_total{")).unwrap_or_default();
+    assert!(!acquired.ends_with(" 0"), "{acquired}");
+}

@@ -44,6 +44,10 @@ pub(super) enum Protocol {
     /// A reservation over HTTP/2: `floodgate.budget.v1.Budget/Reserve` of
     /// one hit, then `Settle` of it (one request of the run is both).
     Budget,
+    /// Envoy's pair for a concurrency limit over HTTP/2: an RLS acquire,
+    /// then (when allowed) the stream-end release carrying the lease id
+    /// back (one request of the run is both).
+    Lease,
 }
 
 /// What one request got back.
@@ -90,6 +94,8 @@ pub(super) enum Client {
     Grpc { conns: Vec<H2>, uri: Uri },
     /// HTTP/2 connections for reserves and settles.
     Budget { conns: Vec<H2>, reserve: Uri, settle: Uri },
+    /// HTTP/2 connections for acquires and their releases.
+    Lease { conns: Vec<H2>, uri: Uri },
     Http {
         pool: Box<Pool<HttpConnector, Full<Bytes>>>,
         uri: Uri,
@@ -109,7 +115,7 @@ impl Client {
         connections: usize,
         in_flight: usize,
     ) -> Result<Client, Failure> {
-        if !matches!(protocol, Protocol::Grpc | Protocol::Budget) {
+        if !matches!(protocol, Protocol::Grpc | Protocol::Budget | Protocol::Lease) {
             tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&target.authority))
                 .await
                 .map_err(|_| Failure::runtime(format!("cannot connect to {}: timed out", target.authority)))?
@@ -136,6 +142,9 @@ impl Client {
         if *protocol == Protocol::Budget {
             return Ok(Client::Budget { conns, reserve: target.uri(RESERVE_PATH), settle: target.uri(SETTLE_PATH) });
         }
+        if *protocol == Protocol::Lease {
+            return Ok(Client::Lease { conns, uri: target.uri(RLS_PATH) });
+        }
         Ok(Client::Grpc { conns, uri: target.uri(RLS_PATH) })
     }
 
@@ -156,6 +165,15 @@ impl Client {
                     return Outcome::Error("no connection".into());
                 };
                 match reserve_and_settle(conn, reserve, settle, target, value).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => Outcome::Error(e),
+                }
+            }
+            Client::Lease { conns, uri } => {
+                let Some(conn) = conns.get(n % conns.len().max(1)) else {
+                    return Outcome::Error("no connection".into());
+                };
+                match acquire_and_release(conn, uri, target, value).await {
                     Ok(outcome) => outcome,
                     Err(e) => Outcome::Error(e),
                 }
@@ -235,6 +253,53 @@ async fn reserve_and_settle(
     let q = SettleRequest { reservation: reply.reservation, actual: vec![1] };
     match conn.message(settle, frame(&|b| q.encode_raw(b))).await? {
         Ok(m) => SettleResponse::decode(m).map_err(|e| format!("a settle reply that does not decode: {e}"))?,
+        Err(shed) => return Ok(shed),
+    };
+    Ok(Outcome::Allowed)
+}
+
+/// Envoy's calls for a request under a concurrency limit: the acquire and,
+/// when allowed, the stream-end release with the lease id the answer's
+/// dynamic metadata carried.
+async fn acquire_and_release(conn: &H2, uri: &Uri, target: &Target, value: String) -> Result<Outcome, String> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use envoy_types::pb::google::protobuf::{UInt64Value, value::Kind};
+    use prost::Message;
+    let frame = |q: &RateLimitRequest| {
+        let mut buf = vec![0; 5];
+        q.encode_raw(&mut buf);
+        let len = u32::try_from(buf.len() - 5).unwrap_or(u32::MAX);
+        buf[1..5].copy_from_slice(&len.to_be_bytes());
+        Bytes::from(buf)
+    };
+    let entry = |key: &str, value: &str| Entry { key: key.to_owned(), value: value.to_owned() };
+    let mut q = RateLimitRequest {
+        domain: target.domain.clone(),
+        descriptors: vec![RateLimitDescriptor { entries: vec![entry(&target.key, &value)], ..Default::default() }],
+        hits_addend: 1,
+    };
+    let reply = match conn.message(uri, frame(&q)).await? {
+        Ok(m) => RateLimitResponse::decode(m).map_err(|e| format!("a reply that does not decode: {e}"))?,
+        Err(shed) => return Ok(shed),
+    };
+    if reply.overall_code != Code::Ok as i32 {
+        return Ok(Outcome::Denied);
+    }
+    let lease = reply.dynamic_metadata.as_ref().and_then(|m| match m.fields.get("lease_id")?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.clone()),
+        _ => None,
+    });
+    let Some(lease) = lease else {
+        return Err("an allowed answer without a lease: the domain's descriptor has no concurrency limit".into());
+    };
+    let d = &mut q.descriptors[0];
+    d.entries.push(entry("lease_id", &lease));
+    d.hits_addend = Some(UInt64Value { value: 1 });
+    d.is_negative_hits = true;
+    match conn.message(uri, frame(&q)).await? {
+        Ok(m) => RateLimitResponse::decode(m).map_err(|e| format!("a release reply that does not decode: {e}"))?,
         Err(shed) => return Ok(shed),
     };
     Ok(Outcome::Allowed)

@@ -91,23 +91,24 @@ impl Plan {
             "grpc" => Protocol::Grpc,
             "json" => Protocol::Json,
             "budget" => Protocol::Budget,
+            "lease" => Protocol::Lease,
             "get" if args.path.starts_with('/') && args.path.parse::<hyper::http::uri::PathAndQuery>().is_ok() => {
                 Protocol::Get(args.path.clone())
             }
             "get" => {
                 return Err(Failure::usage(format!("--path `{}`: give an absolute path, e.g. /healthz", args.path)));
             }
-            p => return Err(Failure::usage(format!("--protocol `{p}`: use grpc, json, get or budget"))),
+            p => return Err(Failure::usage(format!("--protocol `{p}`: use grpc, json, get, budget or lease"))),
         };
         let mut target = Target::parse(&args.server, &args.domain, &args.key)?;
         target.refund = args.refund;
-        if args.refund && matches!(protocol, Protocol::Get(_) | Protocol::Budget) {
+        if args.refund && matches!(protocol, Protocol::Get(_) | Protocol::Budget | Protocol::Lease) {
             return Err(Failure::usage("--refund sends is_negative_hits: use --protocol grpc or json".to_owned()));
         }
         // Every thread gets at least one request in flight and, over gRPC,
         // one connection.
         let mut threads = args.threads.min(args.concurrency);
-        if matches!(protocol, Protocol::Grpc | Protocol::Budget) {
+        if matches!(protocol, Protocol::Grpc | Protocol::Budget | Protocol::Lease) {
             threads = threads.min(args.connections);
         }
         Ok(Plan {
