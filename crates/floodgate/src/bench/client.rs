@@ -262,44 +262,20 @@ async fn reserve_and_settle(
 /// when allowed, the stream-end release with the lease id the answer's
 /// dynamic metadata carried.
 async fn acquire_and_release(conn: &H2, uri: &Uri, target: &Target, value: String) -> Result<Outcome, String> {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-    use envoy_types::pb::google::protobuf::{UInt64Value, value::Kind};
-    use prost::Message;
-    let frame = |q: &RateLimitRequest| {
-        let mut buf = vec![0; 5];
-        q.encode_raw(&mut buf);
-        let len = u32::try_from(buf.len() - 5).unwrap_or(u32::MAX);
-        buf[1..5].copy_from_slice(&len.to_be_bytes());
-        Bytes::from(buf)
-    };
-    let entry = |key: &str, value: &str| Entry { key: key.to_owned(), value: value.to_owned() };
-    let mut q = RateLimitRequest {
-        domain: target.domain.clone(),
-        descriptors: vec![RateLimitDescriptor { entries: vec![entry(&target.key, &value)], ..Default::default() }],
-        hits_addend: 1,
-    };
-    let reply = match conn.message(uri, frame(&q)).await? {
-        Ok(m) => RateLimitResponse::decode(m).map_err(|e| format!("a reply that does not decode: {e}"))?,
+    let reply = match conn.message(uri, rls_frame(&target.domain, &[(&target.key, &value)], false)).await? {
+        Ok(m) => m,
         Err(shed) => return Ok(shed),
     };
-    if reply.overall_code != Code::Ok as i32 {
+    let (code, lease) = code_and_lease(&reply).map_err(|e| format!("a reply that does not decode: {e}"))?;
+    if code != Code::Ok as u64 {
         return Ok(Outcome::Denied);
     }
-    let lease = reply.dynamic_metadata.as_ref().and_then(|m| match m.fields.get("lease_id")?.kind.as_ref()? {
-        Kind::StringValue(s) => Some(s.clone()),
-        _ => None,
-    });
     let Some(lease) = lease else {
         return Err("an allowed answer without a lease: the domain's descriptor has no concurrency limit".into());
     };
-    let d = &mut q.descriptors[0];
-    d.entries.push(entry("lease_id", &lease));
-    d.hits_addend = Some(UInt64Value { value: 1 });
-    d.is_negative_hits = true;
-    match conn.message(uri, frame(&q)).await? {
-        Ok(m) => RateLimitResponse::decode(m).map_err(|e| format!("a release reply that does not decode: {e}"))?,
+    let release = rls_frame(&target.domain, &[(&target.key, &value), ("lease_id", &lease)], true);
+    match conn.message(uri, release).await? {
+        Ok(m) => overall_code(&m).map_err(|e| format!("a release reply that does not decode: {e}"))?,
         Err(shed) => return Ok(shed),
     };
     Ok(Outcome::Allowed)
@@ -387,29 +363,89 @@ fn grpc_status(headers: &HeaderMap) -> Option<i32> {
 /// straight into one buffer: the generator's own CPU per request is part
 /// of what a run on a shared machine measures.
 fn grpc_frame(target: &Target, value: &str) -> Bytes {
-    let (domain, key) = (target.domain.as_bytes(), target.key.as_bytes());
+    rls_frame(&target.domain, &[(&target.key, value)], target.refund)
+}
+
+/// A gRPC frame of a `RateLimitRequest` of one descriptor of `entries`
+/// (given back when `refund`: `is_negative_hits`), one hit.
+fn rls_frame(domain: &str, entries: &[(&str, &str)], refund: bool) -> Bytes {
     // Entry { key = 1, value = 2 }.
-    let entry = field_len(1, key.len()) + field_len(2, value.len());
+    let entry = |k: &str, v: &str| field_len(1, k.len()) + field_len(2, v.len());
     // RateLimitDescriptor { entries = 1, is_negative_hits = 4 }.
-    let descriptor = field_len(1, entry) + if target.refund { 2 } else { 0 };
+    let descriptor = entries.iter().map(|(k, v)| field_len(1, entry(k, v))).sum::<usize>() + if refund { 2 } else { 0 };
     // RateLimitRequest { domain = 1, descriptors = 2, hits_addend = 3 }.
     let message = field_len(1, domain.len()) + field_len(2, descriptor) + 2;
     let mut buf = Vec::with_capacity(5 + message);
     buf.push(0);
     buf.extend_from_slice(&u32::try_from(message).unwrap_or(u32::MAX).to_be_bytes());
     put_field(&mut buf, 1, domain.len());
-    buf.extend_from_slice(domain);
+    buf.extend_from_slice(domain.as_bytes());
     put_field(&mut buf, 2, descriptor);
-    put_field(&mut buf, 1, entry);
-    put_field(&mut buf, 1, key.len());
-    buf.extend_from_slice(key);
-    put_field(&mut buf, 2, value.len());
-    buf.extend_from_slice(value.as_bytes());
-    if target.refund {
+    for (k, v) in entries {
+        put_field(&mut buf, 1, entry(k, v));
+        put_field(&mut buf, 1, k.len());
+        buf.extend_from_slice(k.as_bytes());
+        put_field(&mut buf, 2, v.len());
+        buf.extend_from_slice(v.as_bytes());
+    }
+    if refund {
         buf.extend_from_slice(&[4 << 3, 1]);
     }
     buf.extend_from_slice(&[3 << 3, 1]);
     Bytes::from(buf)
+}
+
+/// Each length-delimited field `want` of an encoded message given to
+/// `found`, every other field skipped unread; the answer is its varint
+/// field 1 (a `RateLimitResponse`'s `overall_code`; 0 when absent).
+fn scan(mut b: &[u8], want: u64, mut found: impl FnMut(&[u8])) -> Result<u64, &'static str> {
+    let mut first = 0;
+    while !b.is_empty() {
+        let (tag, n) = varint(b).ok_or("a bad field tag")?;
+        b = &b[n..];
+        let skip = match (tag >> 3, tag & 7) {
+            (1, 0) => {
+                let (v, n) = varint(b).ok_or("a bad varint")?;
+                first = v;
+                n
+            }
+            (_, 0) => varint(b).ok_or("a bad varint")?.1,
+            (_, 1) => 8,
+            (f, 2) => {
+                let (len, n) = varint(b).ok_or("a bad length")?;
+                let len = usize::try_from(len).map_err(|_| "a bad length")?;
+                let body = b.get(n..n + len).ok_or("a truncated field")?;
+                if f == want {
+                    found(body);
+                }
+                n + len
+            }
+            (_, 5) => 4,
+            _ => return Err("an unknown wire type"),
+        };
+        b = b.get(skip..).ok_or("a truncated field")?;
+    }
+    Ok(first)
+}
+
+/// `overall_code` and the `lease_id` string of `dynamic_metadata` (field 6,
+/// a Struct: map entries in field 1, each a key 1 and a Value 2, whose
+/// string is 3) of an encoded `RateLimitResponse`.
+fn code_and_lease(message: &[u8]) -> Result<(u64, Option<String>), &'static str> {
+    let mut lease = None;
+    let code = scan(message, 6, |metadata| {
+        let _ = scan(metadata, 1, |entry| {
+            let (mut key, mut value) = (None, None);
+            let _ = scan(entry, 1, |k| key = Some(k.to_vec()));
+            let _ = scan(entry, 2, |v| {
+                let _ = scan(v, 3, |s| value = Some(String::from_utf8_lossy(s).into_owned()));
+            });
+            if key.as_deref() == Some(b"lease_id".as_slice()) {
+                lease = value;
+            }
+        });
+    })?;
+    Ok((code, lease))
 }
 
 /// Bytes of a length-delimited field `field` holding `len` bytes.
@@ -449,29 +485,8 @@ fn varint(b: &[u8]) -> Option<(u64, usize)> {
 /// `overall_code` (field 1) of an encoded `RateLimitResponse`, skipping
 /// every other field unread: the generator needs only that (0, UNKNOWN,
 /// when absent, as proto3 leaves out a default).
-fn overall_code(mut b: &[u8]) -> Result<u64, &'static str> {
-    let mut code = 0;
-    while !b.is_empty() {
-        let (tag, n) = varint(b).ok_or("a bad field tag")?;
-        b = &b[n..];
-        let skip = match (tag >> 3, tag & 7) {
-            (1, 0) => {
-                let (v, n) = varint(b).ok_or("a bad overall_code")?;
-                code = v;
-                n
-            }
-            (_, 0) => varint(b).ok_or("a bad varint")?.1,
-            (_, 1) => 8,
-            (_, 2) => {
-                let (len, n) = varint(b).ok_or("a bad length")?;
-                n + usize::try_from(len).map_err(|_| "a bad length")?
-            }
-            (_, 5) => 4,
-            _ => return Err("an unknown wire type"),
-        };
-        b = b.get(skip..).ok_or("a truncated field")?;
-    }
-    Ok(code)
+fn overall_code(b: &[u8]) -> Result<u64, &'static str> {
+    scan(b, 0, |_| {})
 }
 
 /// An HTTP/2 connection to `authority`, its driver spawned on this thread.
@@ -540,6 +555,28 @@ mod tests {
             // proto3 leaves out an empty string, which decodes the same.
             assert!(f.len() - 5 - want.encoded_len() <= 2);
         }
+    }
+
+    #[test]
+    fn a_lease_id_is_read_from_the_dynamic_metadata() {
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let s = |v: &str| Value { kind: Some(Kind::StringValue(v.into())) };
+        let reply = RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            dynamic_metadata: Some(Struct {
+                fields: [("other".to_owned(), s("x")), ("lease_id".to_owned(), s("00000000000000ab"))].into_iter().collect(),
+            }),
+            raw_body: vec![7; 30],
+            ..Default::default()
+        };
+        assert_eq!(code_and_lease(&reply.encode_to_vec()), Ok((Code::Ok as u64, Some("00000000000000ab".to_owned()))));
+        let denied = RateLimitResponse { overall_code: Code::OverLimit as i32, ..Default::default() };
+        assert_eq!(code_and_lease(&denied.encode_to_vec()), Ok((Code::OverLimit as u64, None)));
+        // The release frame decodes as Envoy's stream-end call.
+        let frame = rls_frame("d", &[("k", "v"), ("lease_id", "ab")], true);
+        let q = RateLimitRequest::decode(&frame[5..]).unwrap();
+        assert_eq!(q.descriptors[0].entries[1].value, "ab");
+        assert!(q.descriptors[0].is_negative_hits);
     }
 
     #[test]
