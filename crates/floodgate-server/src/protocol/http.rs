@@ -187,11 +187,7 @@ async fn check<S: Backend>(
     headers_in: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let raw = body(&headers_in, raw)?;
-    let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
-    let decided = decide(&state, &req, Protocol::Check).await?;
-    let resp = (StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response();
-    Ok(with_headers(resp, decided.answer.headers(state.headers)))
+    check_as(&state, &headers_in, raw, false).await
 }
 
 /// `POST /v1/extend`: extend the `lease` of every concurrency limit the
@@ -203,10 +199,25 @@ async fn extend<S: Backend>(
     headers_in: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let raw = body(&headers_in, raw)?;
-    let req = parsed(&state, Protocol::Check, parse_check_request(&raw))?;
-    let decided = state.service.extend(&req, Protocol::Check).await.map_err(ApiError::from)?;
-    Ok((StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response())
+    check_as(&state, &headers_in, raw, true).await
+}
+
+/// A `/v1/check` body decided, or with `extend` its leases extended.
+async fn check_as<S: Backend>(
+    state: &HttpState<S>,
+    headers_in: &HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+    extend: bool,
+) -> Result<Response, ApiError> {
+    let raw = body(headers_in, raw)?;
+    let req = parsed(state, Protocol::Check, parse_check_request(&raw))?;
+    let decided = if extend {
+        state.service.extend(&req, Protocol::Check).await.map_err(ApiError::from)?
+    } else {
+        decide(state, &req, Protocol::Check).await?
+    };
+    let resp = (StatusCode::OK, axum::Json(check_response(&decided, state.headers))).into_response();
+    Ok(with_headers(resp, decided.answer.headers(state.headers)))
 }
 
 /// envoyproxy/ratelimit's probe: 200 `OK` while serving.

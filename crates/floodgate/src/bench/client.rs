@@ -564,7 +564,9 @@ mod tests {
         let reply = RateLimitResponse {
             overall_code: Code::Ok as i32,
             dynamic_metadata: Some(Struct {
-                fields: [("other".to_owned(), s("x")), ("lease_id".to_owned(), s("00000000000000ab"))].into_iter().collect(),
+                fields: [("other".to_owned(), s("x")), ("lease_id".to_owned(), s("00000000000000ab"))]
+                    .into_iter()
+                    .collect(),
             }),
             raw_body: vec![7; 30],
             ..Default::default()
