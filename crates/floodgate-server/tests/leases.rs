@@ -22,6 +22,8 @@ descriptors:
     rate_limits:
       - {unit: minute, requests_per_unit: 100, name: tenant_rate}
       - {concurrency: 2, lease_ttl: 30s, name: tenant_in_flight}
+  - key: job
+    rate_limit: {concurrency: 1, lease_ttl: 1s, name: job_slots}
 "#;
 
 async fn lease_server(name: &str) -> Server {
@@ -197,5 +199,31 @@ async fn the_http_api_acquires_releases_and_extends() {
         post("/v1/reserve", json!({"domain": "backend", "descriptors": [{"tenant": "t"}], "hits": 1})).await;
     assert_eq!(st, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("concurrency limit, whose slot a reservation cannot hold"), "{v}");
+    s.stop().await;
+}
+
+/// A caller that crashed mid-request never releases: its slot frees itself
+/// when its lease ends (1 s here), and the metrics count it expired.
+#[tokio::test]
+async fn a_crashed_callers_slot_frees_when_its_lease_ends() {
+    let s = lease_server("leases-crash").await;
+    let mut c = s.grpc().await;
+    let job = || req("backend", vec![desc(&[("job", "nightly")])], 1);
+    assert_eq!(ask(&mut c, job()).await.overall_code, Code::Ok as i32);
+    // The caller is gone: no release comes.
+    assert_eq!(ask(&mut c, job()).await.overall_code, Code::OverLimit as i32);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if ask(&mut c, job()).await.overall_code == Code::Ok as i32 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot did not free within its lease");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let h = http();
+    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("floodgate_leases_expired_total{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
+    assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
     s.stop().await;
 }
