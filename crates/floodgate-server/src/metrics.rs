@@ -84,6 +84,8 @@ struct RuleCounters {
     failed_local: AtomicU64,
     /// Refunds (hits given back; not decisions of traffic).
     refund: AtomicU64,
+    /// Releases and extends of a request's leases (not traffic).
+    release: AtomicU64,
     /// The dashboard's data for this rule.
     watch: RuleWatch,
 }
@@ -211,9 +213,13 @@ impl Metrics {
             let mut map = self.rules.write().unwrap_or_else(PoisonError::into_inner);
             map.entry(domain.to_owned()).or_default().entry(label.to_owned()).or_default().clone()
         });
-        if matches!(op, Op::Refund | Op::Return { .. } | Op::Release { .. } | Op::Extend { .. }) {
-            // Not traffic: counted apart, and not in the dashboard's data.
+        // Not traffic: counted apart, and not in the dashboard's data.
+        if matches!(op, Op::Refund | Op::Return { .. }) {
             c.refund.fetch_add(1, Relaxed);
+            return;
+        }
+        if matches!(op, Op::Release { .. } | Op::Extend { .. }) {
+            c.release.fetch_add(1, Relaxed);
             return;
         }
         let slot = match (&v.failure, v.decision) {
@@ -324,6 +330,7 @@ impl Metrics {
                     ("failed_closed", &c.failed_closed),
                     ("failed_local", &c.failed_local),
                     ("refund", &c.refund),
+                    ("release", &c.release),
                 ];
                 for (name, v) in results {
                     let _ = writeln!(

@@ -165,6 +165,10 @@ async fn the_http_api_acquires_releases_and_extends() {
     assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
     assert!(text.contains("floodgate_leases_limit{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
     assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
+    assert!(
+        text.contains("floodgate_decisions_total{domain=\"backend\",rule=\"tenant_in_flight\",result=\"release\"} 0"),
+        "{text}"
+    );
     let (_, _, three) = post("/v1/check", check(1, None)).await;
     assert_eq!((&three["allowed"], three.get("lease")), (&json!(false), None), "{three}");
     // Extend, then release by id: the slot frees.
@@ -174,6 +178,13 @@ async fn the_http_api_acquires_releases_and_extends() {
     assert_eq!(rel["allowed"], true, "{rel}");
     let (_, _, again) = post("/v1/check", check(1, None)).await;
     assert_eq!(again["allowed"], true, "{again}");
+    // The extend and the release are counted apart from traffic, on both limits.
+    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    for rule in ["tenant_rate", "tenant_in_flight"] {
+        let line = format!("floodgate_decisions_total{{domain=\"backend\",rule=\"{rule}\",result=\"release\"}} 2");
+        assert!(text.contains(&line), "{line}: {text}");
+    }
     // A lease gone cannot be extended; an extend names its lease.
     let (_, _, gone) = post("/v1/extend", check(1, Some(&id))).await;
     assert_eq!(gone["allowed"], false, "{gone}");
