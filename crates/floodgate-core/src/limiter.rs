@@ -237,23 +237,27 @@ impl Held {
             .filter(|(c, v)| {
                 matches!(c.op, Op::Acquire { .. }) && v.failure.is_none() && v.decision.is_some_and(|d| d.allowed)
             })
-            .filter_map(|(c, _)| Some((c.key.to_owned(), c.rule.limit.clone().filter(Limit::is_concurrency)?)))
+            .filter_map(|(c, _)| {
+                Some((c.key.to_owned(), c.rule.limit.as_ref().filter(|l| l.is_concurrency())?.clone()))
+            })
             .collect();
         (!parts.is_empty()).then_some(Held { lease, parts })
     }
 }
 
 /// When some of `checks` is a concurrency limit: every check that takes
-/// acquires lease `lease` instead ([`Op::Acquire`]: a rate beside it takes
-/// as usual, all or nothing), and the answer is the shortest `lease_ttl`
-/// among them. `None` (and nothing changed) without one.
-pub fn acquire_ops(checks: &mut [RuleCheck<'_>], lease: u64) -> Option<Duration> {
+/// acquires one new lease (its id from `new_id`, asked only then) instead
+/// ([`Op::Acquire`]: a rate beside it takes as usual, all or nothing), and
+/// the answer is that id and the shortest `lease_ttl` among them. `None`
+/// (and nothing changed) without one.
+pub fn acquire_ops(checks: &mut [RuleCheck<'_>], new_id: impl FnOnce() -> u64) -> Option<(u64, Duration)> {
     let ttl =
         checks.iter().filter_map(|c| c.rule.limit.as_ref().filter(|l| l.is_concurrency())).map(Limit::window).min()?;
+    let lease = new_id();
     for c in checks.iter_mut().filter(|c| c.op == Op::Take && c.hits > 0) {
         c.op = Op::Acquire { lease };
     }
-    Some(ttl)
+    Some((lease, ttl))
 }
 
 impl<S: Store> Limiter<S> {
@@ -367,8 +371,7 @@ impl<S: Store> Limiter<S> {
                 metered = true;
             }
         }
-        let lease = self.next_lease();
-        if acquire_ops(checks, lease).is_some() {
+        if let Some((lease, _)) = acquire_ops(checks, || self.next_lease()) {
             let outcome = self.check(checks).await;
             let held = Held::of(lease, checks, &outcome);
             return Metered { outcome, reservation: None, held };

@@ -401,26 +401,34 @@ impl<S: Store> Service<S> {
     where
         S: crate::Backend,
     {
-        let stats = self.limiter.store().lease_stats();
-        if stats.is_empty() {
-            return Vec::new();
-        }
         let set = self.rules.current();
-        let mut out = Vec::new();
+        let mut rules = Vec::new();
         for domain in set.domains() {
             let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter());
             for rule in domain.rules().chain(tiers) {
-                let Some(limit) = rule.limit.as_ref().filter(|l| l.is_concurrency()) else { continue };
-                let Ok(i) = stats.binary_search_by_key(&limit.fingerprint(), |(fp, _)| *fp) else { continue };
-                out.push(RuleLeases {
-                    domain: domain.name().to_owned(),
-                    rule: rule.label().to_owned(),
-                    concurrency: limit.limit(),
-                    stats: stats[i].1,
-                });
+                if let Some(limit) = rule.limit.as_ref().filter(|l| l.is_concurrency()) {
+                    rules.push((domain.name(), rule.label(), limit));
+                }
             }
         }
-        out
+        // The store's accounts are read (every shard) only when some rule
+        // holds leases.
+        if rules.is_empty() {
+            return Vec::new();
+        }
+        let stats = self.limiter.store().lease_stats();
+        rules
+            .into_iter()
+            .filter_map(|(domain, rule, limit)| {
+                let i = stats.binary_search_by_key(&limit.fingerprint(), |(fp, _)| *fp).ok()?;
+                Some(RuleLeases {
+                    domain: domain.to_owned(),
+                    rule: rule.to_owned(),
+                    concurrency: limit.limit(),
+                    stats: stats[i].1,
+                })
+            })
+            .collect()
     }
 
     /// Release the slots a metered request held ([`Reserved::held`]) when
@@ -633,8 +641,7 @@ fn lease_ops(
     }
     // The rest acquires one lease for the request (the releasing
     // descriptors' checks are no longer takes).
-    let id = new_id();
-    acquire_ops(checks, id).map(|ttl| Lease { id, ttl })
+    acquire_ops(checks, new_id).map(|(id, ttl)| Lease { id, ttl })
 }
 
 /// What a request's descriptors resolve against: the rules in use, the

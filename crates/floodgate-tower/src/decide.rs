@@ -156,31 +156,33 @@ fn passing_hits(limit: &Limit) -> u64 {
     u64::from(limit.charge() == Charge::Before)
 }
 
-/// Every planned limit's check for a request passing through.
-fn checks_of<'a>(planned: &'a [Planned<'a>]) -> Vec<RuleCheck<'a>> {
+/// Every planned limit's check for a request passing through, and the
+/// first of its rules that is a concurrency limit (seen in the same pass).
+fn checks_of<'a>(planned: &'a [Planned<'a>]) -> (Vec<RuleCheck<'a>>, Option<&'a Rule>) {
     let mut checks = rules::checks_of(planned, |_| (1, Op::Take));
+    let mut leased = None;
     for c in &mut checks {
         if let Some(l) = &c.rule.limit {
             c.hits = passing_hits(l);
+            if l.is_concurrency() {
+                leased = leased.or(Some(c.rule));
+            }
         }
     }
-    checks
+    (checks, leased)
 }
 
-/// A request decided by the plain layer that matches a concurrency limit:
-/// its slot could never be released (that takes the response's end: the
-/// metered layer's).
-fn leases_need_metering(checks: &[RuleCheck<'_>]) -> Result<(), DecideError> {
-    match checks.iter().find(|c| c.rule.limit.as_ref().is_some_and(Limit::is_concurrency)) {
-        None => Ok(()),
-        Some(c) => Err(DecideError {
-            status: http::StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!(
-                "rule `{}` is a concurrency limit, whose slot is released when the response ends: serve this \
-                 domain through RateLimitLayer::metered()",
-                c.rule.label()
-            ),
-        }),
+/// A request decided by the plain layer that matches concurrency limit
+/// `rule`: its slot could never be released (that takes the response's
+/// end: the metered layer's).
+fn leases_need_metering(rule: &Rule) -> DecideError {
+    DecideError {
+        status: http::StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!(
+            "rule `{}` is a concurrency limit, whose slot is released when the response ends: serve this domain \
+             through RateLimitLayer::metered()",
+            rule.label()
+        ),
     }
 }
 
@@ -190,8 +192,10 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
         // across a store's wait, it falls back to one by itself.
         let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Answer::unlimited()) };
-        let checks = checks_of(&planned);
-        leases_need_metering(&checks)?;
+        let (checks, leased) = checks_of(&planned);
+        if let Some(rule) = leased {
+            return Err(leases_need_metering(rule));
+        }
         let outcome = self.limiter.check(&checks).await;
         Ok(Answer::of(&checks, outcome.view()))
     }
@@ -207,7 +211,7 @@ impl<S: Store + 'static> Decide for RulesDecider<S> {
     async fn reserve(&self, facts: &RequestFacts<'_>) -> Result<Reserved, DecideError> {
         let rules = self.rules.load();
         let Some(planned) = self.plan(&rules, facts)? else { return Ok(Reserved::unmetered(Answer::unlimited())) };
-        let mut checks = checks_of(&planned);
+        let (mut checks, _) = checks_of(&planned);
         let estimate = |cost: &rules::cost::Cost| estimate(cost, facts.headers, facts.body);
         let m = self.limiter.meter(&mut checks, &estimate).await;
         let meter = m.reservation.map(|id| Meter::of(id, &checks, &m.outcome.verdicts));

@@ -396,9 +396,8 @@ pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigE
         for (rule, of_tier) in domain.rules().map(|r| (r, false)).chain(tiers) {
             // (A tier's scope is not checked here: its rules decide as the
             // store decides a regional check.)
-            let Some((field, message)) = check_rule(rule, if of_tier { usize::MAX } else { regions }, on_redis) else {
-                continue;
-            };
+            let found = if of_tier { check_leases(rule, on_redis) } else { check_rule(rule, regions, on_redis) };
+            let Some((field, message)) = found else { continue };
             errors.push(ConfigError {
                 file: file.clone(),
                 pos: rule.source.pos,
@@ -411,21 +410,22 @@ pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigE
 }
 
 /// What is wrong with one rule here, if anything (the field, and why):
-/// its scope with `regions` regions in all (`usize::MAX`: not checked),
-/// and a concurrency limit on a store that keeps no leases (`on_redis`).
+/// a concurrency limit on a store that keeps no leases (`on_redis`), then
+/// its scope with `regions` regions in all.
 pub fn check_rule(rule: &Rule, regions: usize, on_redis: bool) -> Option<(&'static str, String)> {
-    if on_redis && rule.limit.as_ref().is_some_and(floodgate_core::Limit::is_concurrency) {
-        return Some((
+    check_leases(rule, on_redis).or_else(|| check_scope(rule, regions).map(|m| ("scope", m)))
+}
+
+/// A concurrency limit on a store that keeps no leases (`on_redis`).
+fn check_leases(rule: &Rule, on_redis: bool) -> Option<(&'static str, String)> {
+    (on_redis && rule.limit.as_ref().is_some_and(floodgate_core::Limit::is_concurrency)).then(|| {
+        (
             "concurrency",
             "a concurrency limit keeps its leases in the memory store in this release; Redis does not keep them \
              yet: run it on --store memory (an instance in front of each backend), or remove concurrency"
                 .into(),
-        ));
-    }
-    if regions == usize::MAX {
-        return None;
-    }
-    check_scope(rule, regions).map(|m| ("scope", m))
+        )
+    })
 }
 
 /// What is wrong with one rule's scope here, if anything.
