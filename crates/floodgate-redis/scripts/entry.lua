@@ -35,7 +35,13 @@
 --              a global check "U H S P W R F": its slot
 --              length (us) and horizon, the bounded slice (0: none), the
 --              number of peers, the warming cap (0: none), the retry time
---              of a capped denial (us), the limit's fingerprint.
+--              of a capped denial (us), the limit's fingerprint. A
+--              concurrency check (cc, never global: scope '') has its
+--              lease operation there instead: '' (hits as any algorithm
+--              takes them: an anonymous lease), "a<id>" acquire as lease
+--              <id> (16 hex digits), "r<id>" release it, "r" release the
+--              earliest-expiring lease, "e<id>" extend it
+--              (concurrency.lua).
 --
 -- "apply" decides each request's checks in order; when an enforced check is
 -- denied, the request's checks that allowed are refunded at once (which
@@ -145,6 +151,9 @@ while a <= #ARGV do
       fetch[#fetch + 1] = key
     end
     local x = ARGV[a + 8 + STRIDE * i]
+    if code == 'cc' and not string.match(ARGV[a + 9 + STRIDE * i], '^[aer]?%x*$') then
+      return bad('bad lease operation ' .. ARGV[a + 9 + STRIDE * i] .. ' at ARGV[' .. (a + 9 + STRIDE * i) .. ']')
+    end
     if key and x ~= '' and not listed[x] then
       -- Global: its G:x too (global.lua).
       listed[x] = true
@@ -194,8 +203,28 @@ local function scope(a, i)
   return sp[1], sp[2], ARGV[b], ARGV[b + 6]
 end
 
-local function refund(key, alg, l, w, p, hits, at, now, spec, code)
-  if l > 0 and hits > 0 then
+-- Check i's lease operation (a concurrency check's), else nil.
+local function lease_op(a, i)
+  local b = a + 2 + STRIDE * (i - 1)
+  if ARGV[b] ~= 'cc' or ARGV[b + 7] == '' then return nil end
+  return ARGV[b + 7]
+end
+
+-- A concurrency check's lease operation `lop` (see the header).
+local function leased(key, l, w, hits, lop, now)
+  local c, id = string.sub(lop, 1, 1), string.sub(lop, 2)
+  if c == 'a' then return cc_acquire(key, l, w, hits, id, now) end
+  if c == 'e' then return cc_extend(key, l, w, now, id) end
+  if id == '' then id = nil end
+  return cc_release(key, l, now, id)
+end
+
+-- Undo hits taken (a request denied by another limit): a lease acquired by
+-- id is released.
+local function refund(key, alg, l, w, p, hits, at, now, spec, code, lop)
+  if l > 0 and hits > 0 and lop then
+    if string.sub(lop, 1, 1) == 'a' then cc_release(key, l, math.max(now, at), string.sub(lop, 2)) end
+  elseif l > 0 and hits > 0 then
     alg.refund(key, l, w, p, hits, at, math.max(now, at))
     if spec then grefund(key, code, hits, at, spec) end
   end
@@ -344,7 +373,7 @@ while a <= #ARGV do
     for i = 1, n do
       local alg, l, w, p, hits, at = check(a, i)
       local spec, _, code = scope(a, i)
-      refund(KEYS[k + i], alg, l, w, p, hits, at, now, spec, code)
+      refund(KEYS[k + i], alg, l, w, p, hits, at, now, spec, code, lease_op(a, i))
     end
   else
     local head = o + 1
@@ -377,10 +406,13 @@ while a <= #ARGV do
         end
         hits = 0
       end
+      local lop = lease_op(a, i)
       if l == 0 then
         -- No limit: a late charge is taken (nowhere to count it), the
         -- gate and every other hit denied.
         allowed, remaining, reset, retry, delay = (hits == 0 and not after) or (after and hits > 0), 0, 0, -1, 0
+      elseif lop then
+        allowed, remaining, reset, retry, delay = leased(KEYS[k + i], l, w, hits, lop, now)
       elseif spec then
         -- Global: decide over every region's counts, then count and cap.
         -- (A window algorithm's key with no G:x, no slice and no warming
@@ -434,7 +466,7 @@ while a <= #ARGV do
         if allowed_at[i] then
           local alg, l, w, p, hits = check(a, i)
           local spec, _, code = scope(a, i)
-          refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code)
+          refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lease_op(a, i))
         end
       end
     end

@@ -75,7 +75,7 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
     return false, remaining(bu, br), reset, eu, 0
   end
   local delay = 0
-  if shape then delay = reset end
+  if shape and not FORCE then delay = reset end
   if bu == 0 and br == 0 then us, rem = now, 0 end
   us, rem = tadd(us, rem, ku, kr, l)
   local new_reset = us - now

@@ -16,6 +16,7 @@ pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
         include_str!("../scripts/sliding_buckets.lua"),
         include_str!("../scripts/sliding_log.lua"),
         include_str!("../scripts/gcra.lua"),
+        include_str!("../scripts/concurrency.lua"),
         include_str!("../scripts/global.lua"),
         include_str!("../scripts/entry.lua"),
     ]
@@ -48,9 +49,6 @@ pub(crate) fn algorithm(limit: &Limit) -> (&'static str, u64) {
         | Algorithm::Gcra { .. }
         | Algorithm::LeakyBucket { mode: LeakyMode::Meter, .. } => ("gc", limit.burst()),
         Algorithm::LeakyBucket { mode: LeakyMode::Shape, .. } => ("sh", limit.burst()),
-        // Not in `entry.lua` yet: `serve` refuses concurrency limits on
-        // Redis, and the script answers an unknown code with an error (the
-        // rule's failure policy decides).
         Algorithm::Concurrency => ("cc", 0),
     }
 }
@@ -109,6 +107,29 @@ pub(crate) struct CheckArgs {
     /// algorithm: the key's G:x (`scripts/global.lua`, read with the
     /// states) and `GlobalArgs`, formatted.
     global: Option<(String, std::sync::Arc<str>)>,
+    /// For a concurrency limit: its lease operation (`entry.lua`).
+    lease: Option<LeaseArg>,
+}
+
+/// A concurrency check's lease operation, sent in place of the global
+/// arguments (`entry.lua`: "a<id>", "r<id>", "r", "e<id>").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseArg {
+    Acquire(u64),
+    Release(Option<u64>),
+    Extend(u64),
+}
+
+impl LeaseArg {
+    /// The argument's text: an id as 16 hex digits.
+    fn text(self) -> String {
+        match self {
+            Self::Acquire(id) => format!("a{id:016x}"),
+            Self::Release(Some(id)) => format!("r{id:016x}"),
+            Self::Release(None) => "r".to_owned(),
+            Self::Extend(id) => format!("e{id:016x}"),
+        }
+    }
 }
 
 /// A global check's extra arguments (entry.lua: G:x, then "U H S P W R F
@@ -228,6 +249,15 @@ impl CheckArgs {
                 (Op::Refund(at), _) => at,
             },
             global: None,
+            lease: match c.op {
+                // Lease 0 is anonymous: taken as any algorithm takes hits.
+                floodgate_core::Op::Acquire { lease } if lease != 0 && c.op.on_leases(c.limit) => {
+                    Some(LeaseArg::Acquire(lease))
+                }
+                floodgate_core::Op::Release { lease } if c.op.on_leases(c.limit) => Some(LeaseArg::Release(lease)),
+                floodgate_core::Op::Extend { lease } if c.op.on_leases(c.limit) => Some(LeaseArg::Extend(lease)),
+                _ => None,
+            },
         }
     }
 }
@@ -264,9 +294,10 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
         cmd.arg(checks.len());
         for c in *checks {
             cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
-            match &c.global {
-                None => cmd.arg("").arg(""),
-                Some((x, text)) => cmd.arg(x).arg(&**text),
+            match (&c.global, c.lease) {
+                (Some((x, text)), _) => cmd.arg(x).arg(&**text),
+                (None, Some(lease)) => cmd.arg("").arg(lease.text()),
+                (None, None) => cmd.arg("").arg(""),
             };
         }
     }

@@ -2,7 +2,9 @@
 //! server and a Redis Cluster: random traces of multi-limit requests (every
 //! algorithm, edge-sized limits and windows, weighted hits, peeks, shadow
 //! limits, refunds, limits charged after the work (late charges into debt,
-//! gates), repeated keys, a clock that steps back) must get exactly
+//! gates), concurrency limits (leases acquired, released by id or the
+//! earliest, extended, expiring; anonymous slots), repeated keys, a clock
+//! that steps back) must get exactly
 //! the decisions of a reference model built from the pure algorithms.
 
 use std::collections::HashMap;
@@ -56,22 +58,27 @@ impl Model {
                     c.limit.refund(s, taken_at_us, now, c.hits);
                     c.limit.give_back(s, now, 0)
                 }
-                // Lease operations: not generated here (Redis leases come
-                // with their own conformance test).
                 Op::Acquire { lease } => c.limit.acquire(s, now, c.hits, lease),
                 Op::Release { lease } => c.limit.release(s, now, lease),
                 Op::Extend { lease } => c.limit.extend(s, now, lease),
             };
-            if !existed && (!d.allowed || c.hits == 0 || matches!(c.op, Op::Refund | Op::Return { .. })) {
+            let no_take = matches!(c.op, Op::Refund | Op::Return { .. } | Op::Release { .. } | Op::Extend { .. });
+            if !existed && (!d.allowed || c.hits == 0 || no_take) {
                 self.0.remove(&id);
             }
             out.push(d);
         }
         if checks.iter().zip(&out).any(|(c, d)| c.enforce && !d.allowed) {
-            for (c, d) in checks.iter().zip(&out) {
+            // Newest first; a lease acquired by id is released.
+            for (c, d) in checks.iter().zip(&out).rev() {
                 if d.allowed && c.takes_back_on_denial() {
                     let s = self.0.get_mut(&(c.key.to_owned(), c.limit.fingerprint())).unwrap();
-                    c.limit.refund(s, now, now, c.hits);
+                    match c.op {
+                        Op::Acquire { lease } if lease != 0 && c.op.on_leases(c.limit) => {
+                            c.limit.release(s, now, Some(lease));
+                        }
+                        _ => c.limit.refund(s, now, now, c.hits),
+                    }
                 }
             }
         }
@@ -113,6 +120,11 @@ fn limits() -> Vec<Limit> {
         after(l(Algorithm::TokenBucket { burst: Some(1_000_000_007) }, 999_999_937, 86_400 * SEC)),
         after(l(Algorithm::LeakyBucket { burst: Some(2), mode: LeakyMode::Meter }, 3, 1_000)),
         after(l(Algorithm::FixedWindow, 0, SEC)),
+        // Concurrency: leases of a second, a millisecond, ten seconds, a day.
+        l(Algorithm::Concurrency, 3, SEC),
+        l(Algorithm::Concurrency, 1, 1_000),
+        l(Algorithm::Concurrency, 2, 10 * SEC),
+        l(Algorithm::Concurrency, 100_000, 86_400 * SEC),
     ]
 }
 
@@ -183,10 +195,18 @@ async fn trace(store: &impl AtStore, name: &str, limits: &[Limit], seed: u64, st
                         5 => rng.below(cap.max(1)),
                         _ => 1,
                     };
-                    let op = match rng.below(16) {
+                    // Lease ids from a few, so that leases are extended,
+                    // released twice and acquired again.
+                    let lease = 1 + rng.below(4);
+                    let op = match rng.below(if limits[li].is_concurrency() { 26 } else { 16 }) {
                         0 | 1 => Op::Refund,
                         2 => Op::Late,
                         3 => Op::Return { taken_at_us: now.saturating_sub(rng.below(2 * SEC)) },
+                        16..=19 => Op::Acquire { lease },
+                        20 | 21 => Op::Release { lease: Some(lease) },
+                        22 => Op::Release { lease: None },
+                        23 | 24 => Op::Extend { lease },
+                        25 => Op::Acquire { lease: 0 },
                         _ => Op::Take,
                     };
                     (li, ki, hits, rng.below(5) != 0, op)

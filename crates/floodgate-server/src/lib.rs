@@ -49,12 +49,6 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
         0
     }
 
-    /// Whether the store keeps a concurrency limit's leases (the memory
-    /// store and a memory region; Redis does not yet).
-    fn keeps_leases(&self) -> bool {
-        true
-    }
-
     /// Each concurrency limit's slots (held, acquired, released, expired),
     /// by limit fingerprint.
     fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {

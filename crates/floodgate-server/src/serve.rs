@@ -274,8 +274,7 @@ pub fn prepare(config: Config) -> Result<Prepared, ServeError> {
     // Global rules need peer regions (and a slice of at least one hit):
     // checked now and on every reload.
     let regions_n = config.regions.as_ref().map_or(0, |r| r.peers.len() + 1);
-    let on_redis = config.redis.is_some();
-    rules.add_check(move |set| check_rules(set, regions_n, on_redis)).map_err(|errs| {
+    rules.add_check(move |set| check_rules(set, regions_n)).map_err(|errs| {
         let list: Vec<String> = errs.0.iter().map(ToString::to_string).collect();
         ServeError::Config(format!("the rules in {} cannot run here:\n{}", config.rules, list.join("\n")))
     })?;

@@ -1,15 +1,20 @@
 //! Concurrency limits through the service (issue 49), on the in-memory
-//! store: the exact gRPC sequence Envoy sends (an acquire at request time
-//! answering the lease in `dynamic_metadata`, and the stream-end release
-//! carrying it back with `is_negative_hits`), a denied request's stream
-//! end, releases that only release, and the HTTP API (acquire, release,
-//! extend). The lease arithmetic is checked against its reference model
-//! in floodgate-core's property tests.
+//! store, Redis and Redis Cluster: the exact gRPC sequence Envoy sends (an
+//! acquire at request time answering the lease in `dynamic_metadata`, and
+//! the stream-end release carrying it back with `is_negative_hits`), a
+//! denied request's stream end, releases that only release, the HTTP API
+//! (acquire, release, extend), a crashed caller, a lease released through
+//! another instance, and Redis killed with leases held. The lease
+//! arithmetic is checked against its reference model in floodgate-core's
+//! property tests, and Redis's against the memory store's in
+//! floodgate-redis's conformance suite.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::{UInt64Value, value::Kind};
+use floodgate_redis::RedisConfig;
+use floodgate_testing::{RedisCluster, RedisServer};
 use serde_json::{Value, json};
 
 use crate::server::{Server, ask, call, desc, http, req};
@@ -26,11 +31,13 @@ descriptors:
     rate_limit: {concurrency: 1, lease_ttl: 1s, name: job_slots}
 "#;
 
-async fn lease_server(name: &str) -> Server {
+/// A server with the lease rules, on the memory store or on `redis`.
+async fn lease_server(name: &str, redis: Option<String>) -> Server {
     Server::start_config(name, |c| {
         if let floodgate_server::rules::reload::RulesSource::Dir(dir) = &c.rules {
             std::fs::write(dir.join("backend.yaml"), LEASES).unwrap();
         }
+        c.redis = redis.map(|url| RedisConfig::new(url.parse().unwrap()));
     })
     .await
 }
@@ -63,7 +70,22 @@ fn stream_end(
 
 #[tokio::test]
 async fn envoys_acquire_and_stream_end_release_over_grpc() {
-    let s = lease_server("leases-rls").await;
+    envoys_sequence_on(lease_server("leases-rls", None).await).await;
+}
+
+#[tokio::test]
+async fn envoys_acquire_and_stream_end_release_on_redis() {
+    let redis = RedisServer::start();
+    envoys_sequence_on(lease_server("leases-rls-redis", Some(redis.url())).await).await;
+}
+
+#[tokio::test]
+async fn envoys_acquire_and_stream_end_release_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    envoys_sequence_on(lease_server("leases-rls-cluster", Some(cluster.url())).await).await;
+}
+
+async fn envoys_sequence_on(s: Server) {
     let mut c = s.grpc().await;
     let acquire = || req("backend", vec![desc(&[("tenant", "acme")])], 1);
     let a = ask(&mut c, acquire()).await;
@@ -140,7 +162,7 @@ async fn envoys_acquire_and_stream_end_release_over_grpc() {
 
 #[tokio::test]
 async fn the_http_api_acquires_releases_and_extends() {
-    let s = lease_server("leases-http").await;
+    let s = lease_server("leases-http", None).await;
     let h = http();
     let post = |path: &str, body: Value| {
         let (h, url) = (h.clone(), format!("http://{}{path}", s.http));
@@ -217,7 +239,30 @@ async fn the_http_api_acquires_releases_and_extends() {
 /// when its lease ends (1 s here), and the metrics count it expired.
 #[tokio::test]
 async fn a_crashed_callers_slot_frees_when_its_lease_ends() {
-    let s = lease_server("leases-crash").await;
+    let s = lease_server("leases-crash", None).await;
+    slot_frees_with_its_lease(&s).await;
+    let h = http();
+    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("floodgate_leases_expired_total{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
+    assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_crashed_callers_slot_frees_when_its_lease_ends_on_redis() {
+    let redis = RedisServer::start();
+    let s = lease_server("leases-crash-redis", Some(redis.url())).await;
+    slot_frees_with_its_lease(&s).await;
+    // Its Redis keys went with the last lease (and the new holder's are
+    // the only ones left).
+    let keys = redis.cli(&["--scan", "--pattern", "*job*"]);
+    assert_eq!(keys.lines().count(), 2, "one key's hash and sorted set: {keys}");
+    s.stop().await;
+}
+
+/// A job slot (1, a 1 s lease) whose holder never releases frees itself.
+async fn slot_frees_with_its_lease(s: &Server) {
     let mut c = s.grpc().await;
     let job = || req("backend", vec![desc(&[("job", "nightly")])], 1);
     assert_eq!(ask(&mut c, job()).await.overall_code, Code::Ok as i32);
@@ -231,10 +276,64 @@ async fn a_crashed_callers_slot_frees_when_its_lease_ends() {
         assert!(tokio::time::Instant::now() < deadline, "the slot did not free within its lease");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let h = http();
-    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
-    assert!(text.contains("floodgate_leases_expired_total{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
-    assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
+}
+
+/// Instances on one Redis share their leases: a slot acquired through one
+/// counts in the other and is released through it (Envoy's stream-end call
+/// may reach another instance than its request did).
+#[tokio::test]
+async fn instances_on_one_redis_share_leases() {
+    let redis = RedisServer::start();
+    let a = lease_server("leases-share-a", Some(redis.url())).await;
+    let b = lease_server("leases-share-b", Some(redis.url())).await;
+    let (mut ca, mut cb) = (a.grpc().await, b.grpc().await);
+    let acquire = || req("backend", vec![desc(&[("tenant", "shared")])], 1);
+    let first = lease_of(&ask(&mut ca, acquire()).await).unwrap();
+    assert_eq!(ask(&mut cb, acquire()).await.overall_code, Code::Ok as i32);
+    assert_eq!(ask(&mut ca, acquire()).await.overall_code, Code::OverLimit as i32, "two in flight across both");
+    ask(&mut cb, req("backend", vec![stream_end("shared", Some(&first))], 0)).await;
+    assert_eq!(ask(&mut ca, acquire()).await.overall_code, Code::Ok as i32, "released through the other instance");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Redis killed with slots held: decisions fall to the rule's failure
+/// policy (open here: admitted, no lease answered, nothing held), releases
+/// sent meanwhile are lost, and a Redis that comes back empty holds none
+/// of the old slots (the documented over-admission: up to `concurrency`
+/// more until the old holders end). Nothing is counted twice: the rate's
+/// count starts again with Redis's.
+#[tokio::test]
+async fn redis_killed_with_leases_held() {
+    let mut redis = RedisServer::start();
+    let s = lease_server("leases-redis-killed", Some(redis.url())).await;
+    let mut c = s.grpc().await;
+    let acquire = || req("backend", vec![desc(&[("tenant", "k")])], 1);
+    let held = lease_of(&ask(&mut c, acquire()).await).unwrap();
+    lease_of(&ask(&mut c, acquire()).await).unwrap();
+    assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::OverLimit as i32);
+    redis.kill();
+    let down = ask(&mut c, acquire()).await;
+    assert_eq!(down.overall_code, Code::Ok as i32, "failure_mode open admits");
+    assert_eq!(lease_of(&down), None, "no slot was taken: no lease to answer");
+    let lost = ask(&mut c, req("backend", vec![stream_end("k", Some(&held))], 0)).await;
+    assert_eq!(lost.overall_code, Code::Ok as i32, "a release the store cannot take is lost, answered open");
+    redis.restart();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let back = loop {
+        let r = ask(&mut c, acquire()).await;
+        if lease_of(&r).is_some() {
+            break r;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "Redis did not come back: {r:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(back.overall_code, Code::Ok as i32);
+    // The empty Redis held none of the old slots: one more fits, then the
+    // limit holds again; the old holders' releases free nothing.
+    assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::Ok as i32);
+    assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::OverLimit as i32);
+    ask(&mut c, req("backend", vec![stream_end("k", Some(&held))], 0)).await;
+    assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::OverLimit as i32);
     s.stop().await;
 }

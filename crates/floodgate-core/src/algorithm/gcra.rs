@@ -14,8 +14,9 @@
 use crate::math::sat64;
 use crate::{Decision, Limit, State};
 
-/// `force` (a late charge, never with `shape`): admitted whatever the
-/// backlog; the debt drains at the rate like any backlog. The TAT saturates
+/// `force` (a late charge): admitted whatever the backlog, with no delay
+/// (on a shaper too: the work is done); the debt drains at the rate like
+/// any backlog. The TAT saturates
 /// at 2^53 - 1 microseconds (the year 2255).
 #[inline(always)]
 pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape: bool, force: bool) -> Decision {
@@ -37,7 +38,8 @@ pub(super) fn apply(limit: &Limit, state: &mut State, now: u64, hits: u64, shape
         let retry = (cost <= cap).then(|| sat64(limit.limit_div().div_ceil_wide(backlog + cost - cap)));
         return Decision::deny(l, remaining(backlog), reset(*us, *rem), retry);
     }
-    let delay = if shape { reset(*us, *rem) } else { 0 };
+    // A late charge waits for nothing: its work is done.
+    let delay = if shape && !force { reset(*us, *rem) } else { 0 };
     if backlog == 0 {
         *us = now;
         *rem = 0;

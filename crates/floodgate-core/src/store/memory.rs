@@ -377,10 +377,11 @@ impl<C: Clock> MemoryStore<C> {
     /// limits denied: its hits given back, or the lease it took released.
     pub fn undo_at(&self, c: &Check<'_>, now_us: u64) {
         match c.op {
-            Op::Acquire { lease } if c.op.on_leases(c.limit) => {
+            Op::Acquire { lease } if lease != 0 && c.op.on_leases(c.limit) => {
                 let _ = self.leases_at(c.key, c.limit, now_us, false, |s| c.limit.release(s, now_us, Some(lease)));
             }
-            Op::Take if c.limit.is_concurrency() => {
+            // An anonymous slot (lease 0): the newest anonymous lease.
+            Op::Take | Op::Acquire { .. } if c.limit.is_concurrency() => {
                 let _ = self.leases_at(c.key, c.limit, now_us, false, |s| {
                     c.limit.refund(s, now_us, now_us, c.hits);
                     c.limit.acquire(s, now_us, 0, 0)

@@ -162,7 +162,9 @@ pub(crate) fn all_or_nothing(
         out.push(r);
     }
     if denied {
-        for (c, r) in checks.iter().zip(out.iter()) {
+        // Newest first, as the Redis script undoes: two anonymous slots of
+        // one key give back what each took.
+        for (c, r) in checks.iter().zip(out.iter()).rev() {
             if c.takes_back_on_denial() && r.as_ref().is_ok_and(|d| d.allowed) {
                 undo(c);
             }

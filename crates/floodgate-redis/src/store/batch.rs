@@ -320,9 +320,10 @@ impl RedisStore {
 
 /// Whether a check's denial may be answered from (and kept in) the local
 /// over-limit cache: one hit taken before the work (a late charge is never
-/// denied; a refund never is).
+/// denied; a refund never is), not a slot of a concurrency limit.
 fn cacheable(c: &Check<'_>) -> bool {
-    c.hits == 1 && c.takes_back_on_denial()
+    // Not a concurrency limit's: a release frees a slot at any time.
+    c.hits == 1 && c.takes_back_on_denial() && !c.limit.is_concurrency()
 }
 
 /// A queued request's part of a batch's reply, with its keys given back.

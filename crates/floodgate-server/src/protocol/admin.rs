@@ -346,8 +346,8 @@ async fn set<S: Backend>(
 /// regions, a `bounded` slice under one hit), for per-key entries' own
 /// limits.
 fn rule_check<S: Backend>(state: &AdminState<S>) -> impl Fn(&floodgate_core::rules::Rule) -> Option<String> {
-    let (regions, leases) = (state.service.store().regions_count(), state.service.store().keeps_leases());
-    move |r| crate::store::regions::check_rule(r, regions, !leases).map(|(_, message)| message)
+    let regions = state.service.store().regions_count();
+    move |r| crate::store::regions::check_rule(r, regions)
 }
 
 /// `POST /admin/v1/keys/import`'s body.

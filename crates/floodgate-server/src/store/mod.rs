@@ -217,10 +217,6 @@ impl Backend for ServerStore {
         self.regions().map_or(0, |r| r.count())
     }
 
-    fn keeps_leases(&self) -> bool {
-        matches!(self, Self::Memory(_) | Self::Regional(..))
-    }
-
     fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
         match self {
             Self::Memory(s) | Self::Regional(s, ..) => s.lease_stats(),

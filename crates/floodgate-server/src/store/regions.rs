@@ -385,23 +385,19 @@ pub fn global_rules(set: &RuleSet) -> Vec<(floodgate_core::Limit, SyncMode)> {
 }
 
 /// What is wrong with `rules`' global rules on an instance with `regions`
-/// regions in all (0: no regions configured), and with its concurrency
-/// limits when its store is Redis (`on_redis`): each error positioned,
-/// with what to write instead.
-pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigError> {
+/// regions in all (0: no regions configured): each error positioned, with
+/// what to write instead. (A tier's rules decide as the store decides a
+/// regional check: their scope is not checked.)
+pub fn check_rules(set: &RuleSet, regions: usize) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for domain in set.domains() {
         let file = set.files().get(domain.file()).cloned().unwrap_or_default();
-        let tiers = domain.tiers().flat_map(|(_, t)| t.rules.iter().map(|r| (r, true)));
-        for (rule, of_tier) in domain.rules().map(|r| (r, false)).chain(tiers) {
-            // (A tier's scope is not checked here: its rules decide as the
-            // store decides a regional check.)
-            let found = if of_tier { check_leases(rule, on_redis) } else { check_rule(rule, regions, on_redis) };
-            let Some((field, message)) = found else { continue };
+        for rule in domain.rules() {
+            let Some(message) = check_rule(rule, regions) else { continue };
             errors.push(ConfigError {
                 file: file.clone(),
                 pos: rule.source.pos,
-                field: format!("{}: rate_limit.{field}", rule.stats_key),
+                field: format!("{}: rate_limit.scope", rule.stats_key),
                 message,
             });
         }
@@ -409,27 +405,9 @@ pub fn check_rules(set: &RuleSet, regions: usize, on_redis: bool) -> Vec<ConfigE
     errors
 }
 
-/// What is wrong with one rule here, if anything (the field, and why):
-/// a concurrency limit on a store that keeps no leases (`on_redis`), then
-/// its scope with `regions` regions in all.
-pub fn check_rule(rule: &Rule, regions: usize, on_redis: bool) -> Option<(&'static str, String)> {
-    check_leases(rule, on_redis).or_else(|| check_scope(rule, regions).map(|m| ("scope", m)))
-}
-
-/// A concurrency limit on a store that keeps no leases (`on_redis`).
-fn check_leases(rule: &Rule, on_redis: bool) -> Option<(&'static str, String)> {
-    (on_redis && rule.limit.as_ref().is_some_and(floodgate_core::Limit::is_concurrency)).then(|| {
-        (
-            "concurrency",
-            "a concurrency limit keeps its leases in the memory store in this release; Redis does not keep them \
-             yet: run it on --store memory (an instance in front of each backend), or remove concurrency"
-                .into(),
-        )
-    })
-}
-
-/// What is wrong with one rule's scope here, if anything.
-fn check_scope(rule: &Rule, regions: usize) -> Option<String> {
+/// What is wrong with one rule's scope here (`regions` regions in all), if
+/// anything.
+pub fn check_rule(rule: &Rule, regions: usize) -> Option<String> {
     let Scope::Global(mode) = rule.scope else { return None };
     let limit = rule.limit.as_ref()?;
     if regions < 2 {

@@ -1,0 +1,216 @@
+-- concurrency.lua: at most `limit` slots held at once by leases, each
+-- released by its id or expiring `window` (the lease's length) after it was
+-- taken or last extended (floodgate_core's algorithm/concurrency.rs, which
+-- this mirrors answer for answer).
+-- State, two keys of one hash slot (the second is the first's name + ':l'):
+--   <key>    a hash: u = slots held, q = the last lease's sequence number,
+--            <seq> = "<id> <slots>" per lease (seq: 15 digits, zero-padded;
+--            id: 16 hex digits, or 0 for an anonymous lease), and
+--            #<id> = <seq> for a lease with an id;
+--   <key>:l  a sorted set of the leases' seqs by expiry (us): the earliest
+--            first, and among equal expiries the oldest (equal scores sort
+--            by member, and a seq's digits sort as its number).
+-- Both expire with the last lease (PEXPIRE, plus the slack) and are deleted
+-- once no lease is held, so a key holds at most `limit` leases and goes
+-- when they do. Expired leases are dropped whenever the key is met.
+-- apply(key, limit, window, _, hits, now): an anonymous acquire (FORCE, a
+--   late charge: a peek; a slot is taken before the work or not at all).
+-- refund(key, limit, window, _, hits, at, now): undo an anonymous acquire
+--   of `hits` (its request was denied by another limit): the newest
+--   anonymous lease gives them back.
+-- give_back(key, limit, window, _, hits, now): a refund without an id:
+--   the earliest-expiring leases give `hits` slots back.
+-- And, by lease id (entry.lua's lease argument): cc_acquire, cc_release,
+-- cc_extend.
+
+ALG.cc = {}
+
+-- The newest anonymous lease each key took in this call (its seq), so an
+-- undo in the same call needs no scan.
+local cc_anonymous = {}
+
+local function cc_lease(key, m)
+  local v = redis.call('HGET', key, m)
+  if not v then return nil, 0 end
+  local id, s = string.match(v, '^(%x+) (%d+)$')
+  return id, tonumber(s)
+end
+
+-- Forget lease m (id, slots) entirely.
+local function cc_forget(key, m, id, slots)
+  if id ~= '0' then
+    redis.call('HDEL', key, m, '#' .. id)
+  else
+    redis.call('HDEL', key, m)
+  end
+  redis.call('ZREM', key .. ':l', m)
+  redis.call('HINCRBY', key, 'u', -slots)
+end
+
+-- Drop the leases expired at `now`.
+local function cc_prune(key, now)
+  local z = key .. ':l'
+  local gone = redis.call('ZRANGEBYSCORE', z, '-inf', int(now))
+  if #gone == 0 then return end
+  local freed = 0
+  for _, m in ipairs(gone) do
+    local id, s = cc_lease(key, m)
+    if id then
+      freed = freed + s
+      if id ~= '0' then redis.call('HDEL', key, m, '#' .. id) else redis.call('HDEL', key, m) end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', int(now))
+  redis.call('HINCRBY', key, 'u', -freed)
+end
+
+local function cc_used(key)
+  return tonumber(redis.call('HGET', key, 'u')) or 0
+end
+
+-- The keys last as long as their last lease; none held: gone.
+local function cc_keep(key, now)
+  local z = key .. ':l'
+  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('DEL', key, z)
+    return
+  end
+  local ttl = tonumber(last[2]) - now
+  expire(key, ttl)
+  expire(z, ttl)
+end
+
+-- What a request of `hits` slots is answered now, taking nothing:
+-- allowed, remaining, reset (until every lease has expired), retry (the
+-- earliest time enough leases expire; -1 when none helps), delay.
+local function cc_answer(key, l, now, hits)
+  local used = cc_used(key)
+  local remaining = math.max(l - used, 0)
+  local reset = 0
+  local z = key .. ':l'
+  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #last > 0 then reset = math.max(tonumber(last[2]) - now, 0) end
+  if hits <= remaining then return true, remaining, reset, -1, 0 end
+  local retry = -1
+  if hits <= l then
+    -- Every lease holds a slot at least: `need` leases are enough.
+    local need = used + hits - l
+    local first = redis.call('ZRANGE', z, 0, need - 1, 'WITHSCORES')
+    local at = now
+    for j = 1, #first, 2 do
+      at = tonumber(first[j + 1])
+      local _, s = cc_lease(key, first[j])
+      need = need - s
+      if need <= 0 then break end
+    end
+    retry = math.max(at - now, 0)
+  end
+  return false, remaining, reset, retry, 0
+end
+
+-- Acquire `hits` slots as lease `id` ('0': anonymous) when they fit; hits
+-- 0 is a peek. A lease already held is extended, not taken twice.
+local function cc_acquire(key, l, w, hits, id, now)
+  cc_prune(key, now)
+  local expires = now + w
+  if id ~= '0' and hits > 0 then
+    local m = redis.call('HGET', key, '#' .. id)
+    if m then
+      redis.call('ZADD', key .. ':l', 'XX', int(expires), m)
+      cc_keep(key, now)
+      return cc_answer(key, l, now, 0)
+    end
+  end
+  local allowed, remaining, reset, retry, delay = cc_answer(key, l, now, hits)
+  if hits == 0 or not allowed then return allowed, remaining, reset, retry, delay end
+  local m = string.format('%015d', redis.call('HINCRBY', key, 'q', 1))
+  if id ~= '0' then
+    redis.call('HSET', key, m, id .. ' ' .. int(hits), '#' .. id, m)
+  else
+    redis.call('HSET', key, m, '0 ' .. int(hits))
+    cc_anonymous[key] = m
+  end
+  redis.call('HINCRBY', key, 'u', hits)
+  redis.call('ZADD', key .. ':l', int(expires), m)
+  cc_keep(key, now)
+  return cc_answer(key, l, now, 0)
+end
+
+-- Release lease `id`, or with nil the earliest-expiring one (the oldest of
+-- equals), answered as a peek. A lease already gone frees nothing.
+local function cc_release(key, l, now, id)
+  cc_prune(key, now)
+  local m
+  if id then
+    m = redis.call('HGET', key, '#' .. id)
+  else
+    m = redis.call('ZRANGE', key .. ':l', 0, 0)[1]
+  end
+  if m then
+    local lid, s = cc_lease(key, m)
+    if lid then cc_forget(key, m, lid, s) end
+  end
+  cc_keep(key, now)
+  return cc_answer(key, l, now, 0)
+end
+
+-- Extend lease `id` to a lease's length from now: allowed while it was
+-- held, denied (no wait helps) once it is gone.
+local function cc_extend(key, l, w, now, id)
+  cc_prune(key, now)
+  local m = redis.call('HGET', key, '#' .. id)
+  if m then redis.call('ZADD', key .. ':l', 'XX', int(now + w), m) end
+  cc_keep(key, now)
+  local _, remaining, reset = cc_answer(key, l, now, 0)
+  if m then return true, remaining, reset, -1, 0 end
+  return false, remaining, reset, -1, 0
+end
+
+-- Give back up to n slots of lease m: those given back.
+local function cc_take(key, m, n)
+  local id, s = cc_lease(key, m)
+  if not id then return 0 end
+  local take = math.min(s, n)
+  if take == s then
+    cc_forget(key, m, id, s)
+  else
+    redis.call('HSET', key, m, id .. ' ' .. int(s - take))
+    redis.call('HINCRBY', key, 'u', -take)
+  end
+  return take
+end
+
+function ALG.cc.apply(key, l, w, _, hits, now)
+  if FORCE then hits = 0 end
+  return cc_acquire(key, l, w, hits, '0', now)
+end
+
+function ALG.cc.give_back(key, l, w, _, hits, now)
+  cc_prune(key, now)
+  local left = hits
+  while left > 0 do
+    local m = redis.call('ZRANGE', key .. ':l', 0, 0)[1]
+    if not m then break end
+    left = left - cc_take(key, m, left)
+  end
+  cc_keep(key, now)
+end
+
+function ALG.cc.refund(key, l, w, _, hits, at, now)
+  local m = cc_anonymous[key]
+  if not m or not redis.call('HGET', key, m) then
+    -- Not taken in this call (a request over several hash slots, undone
+    -- by a later call): the newest anonymous lease, by scan.
+    m = nil
+    local all = redis.call('HGETALL', key)
+    for j = 1, #all, 2 do
+      local f, v = all[j], all[j + 1]
+      if string.byte(f, 1) ~= 35 and f ~= 'u' and f ~= 'q' and string.sub(v, 1, 2) == '0 ' and (not m or f > m) then
+        m = f
+      end
+    end
+  end
+  if m then cc_take(key, m, hits) end
+  cc_keep(key, now)
+end
