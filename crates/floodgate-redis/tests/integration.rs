@@ -3,6 +3,7 @@
 //! on free ports in a temporary directory.
 
 mod conformance;
+mod leases;
 mod faults;
 mod redis_region;
 mod region;

@@ -273,3 +273,63 @@ descriptors:
     assert_eq!(used("tenant_rate"), 4, "{v}");
     assert_eq!(used("tenant_in_flight"), 0, "{v}");
 }
+
+/// Issue 49: a proxy killed (SIGKILL) mid-request never releases its slot;
+/// on Redis the slot stays held for the instances that share it until the
+/// lease ends (5 s here), then frees by itself; the killed request's rate
+/// hit is counted once.
+#[test]
+fn a_killed_proxys_slot_frees_when_its_lease_ends_on_redis() {
+    let rules = "domain: llm
+request_descriptors:
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: hour, requests_per_unit: 1000, name: tenant_rate}
+      - {concurrency: 1, lease_ttl: 5s, name: tenant_in_flight}
+";
+    let redis = RedisServer::start();
+    let fake = FakeOpenAi::start();
+    let store = ["--store", &redis.url()];
+    let proxy = Served::proxy("leases-proxy-killed", rules, &fake.url(), &[&["--domain", "llm"], &store[..]].concat());
+    let mut stream = cli::send(
+        &proxy.proxy,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"max_tokens": 200, "stream": true}"#,
+        "x-tenant: acme\r\nx-fake: slow\r\nx-fake-completion: 200\r\n",
+    );
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(proxy); // SIGKILL mid-stream: no release is ever sent
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"), "the stream was cut");
+    // Another instance on the same Redis sees the slot held, then free.
+    let other = Served::start("leases-proxy-other", rules, &store);
+    let check = |hits: i64| {
+        let body = format!(r#"{{"domain": "llm", "descriptors": [{{"tenant": "acme"}}], "hits": {hits}}}"#);
+        let (code, text) = cli::http(&other.http, "POST", "/v1/check", &body);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let held = check(0);
+    let slots = held["descriptors"].as_array().unwrap();
+    assert!(slots.iter().any(|d| d["remaining"] == 0), "the killed proxy's slot is still held: {held}");
+    cli::eventually("the slot freed when its lease ended", Duration::from_secs(15), || {
+        check(0)["descriptors"].as_array().unwrap().iter().all(|d| d["remaining"] != 0)
+    });
+    let (code, _, body) = cli::http_full(
+        &other.admin,
+        "POST",
+        "/admin/v1/counters",
+        r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let used = |rule: &str| v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].clone();
+    assert_eq!(used("tenant_rate"), 1, "the killed request counted once: {v}");
+    assert_eq!(used("tenant_in_flight"), 0, "{v}");
+}
