@@ -360,9 +360,10 @@ impl<S: Store> Limiter<S> {
     /// ordinary request, by each rule's failure policy, and nothing is kept.
     ///
     /// A request matching a concurrency limit acquires one lease for it
-    /// ([`acquire_ops`]) and is decided, not reserved: its costs charged at
-    /// their estimates, the slots it took in [`Metered::held`], to release
-    /// ([`Limiter::release`]) when its response ends.
+    /// ([`acquire_ops`]) in the same call, all or nothing: the slots it took
+    /// are in [`Metered::held`], to release ([`Limiter::release`]) when its
+    /// response ends; its costs are reserved beside them (the slots are no
+    /// part of the reservation).
     pub async fn meter(&self, checks: &mut [RuleCheck<'_>], estimate: &(dyn Fn(&Cost) -> u64 + Sync)) -> Metered {
         let mut metered = false;
         for c in checks.iter_mut() {
@@ -371,15 +372,14 @@ impl<S: Store> Limiter<S> {
                 metered = true;
             }
         }
-        if let Some((lease, _)) = acquire_ops(checks, || self.next_lease()) {
-            let outcome = self.check(checks).await;
-            let held = Held::of(lease, checks, &outcome);
-            return Metered { outcome, reservation: None, held };
-        }
-        if metered && let Ok((outcome, reservation)) = self.reserve(checks).await {
-            return Metered { outcome, reservation, held: None };
-        }
-        Metered { outcome: self.check(checks).await, reservation: None, held: None }
+        let lease = acquire_ops(checks, || self.next_lease()).map(|(lease, _)| lease);
+        let kept = if metered { self.reserve(checks).await.ok() } else { None };
+        let (outcome, reservation) = match kept {
+            Some(kept) => kept,
+            None => (self.check(checks).await, None),
+        };
+        let held = lease.and_then(|lease| Held::of(lease, checks, &outcome));
+        Metered { outcome, reservation, held }
     }
 
     /// The outcome of `checks` from the store's `results` for those with a

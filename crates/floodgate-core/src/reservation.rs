@@ -693,7 +693,7 @@ impl Book {
             .iter()
             .zip(results)
             .zip(ttls_us)
-            .filter(|((c, r), _)| c.op == crate::Op::Take && r.as_ref().is_ok_and(|d| d.allowed))
+            .filter(|((c, r), _)| c.reserves() && r.as_ref().is_ok_and(|d| d.allowed))
             .map(|((c, _), &ttl)| Part {
                 payload: Held { key: c.key.into(), limit: c.limit.clone(), scope: c.scope },
                 estimate: c.hits,

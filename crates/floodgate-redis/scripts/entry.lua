@@ -310,7 +310,8 @@ local function reserve_keep(a, k, n, mode, head, now)
   local px = int(math.floor(keep / 1000) + TTL_SLACK_MS)
   for i = 1, n do
     mask[i] = '0'
-    if out[head + 1 + 5 * (i - 1)] == 1 then
+    -- (A concurrency limit's slot is released, never settled: no part.)
+    if out[head + 1 + 5 * (i - 1)] == 1 and ARGV[a + 2 + STRIDE * (i - 1)] ~= 'cc' then
       local ttl = ttls[i + 1] or 300000000
       local hits = tonumber(ARGV[a + 2 + STRIDE * (i - 1) + 4])
       redis.call('SET', KEYS[k + i] .. ':r:' .. mode[2],

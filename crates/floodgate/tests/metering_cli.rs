@@ -333,3 +333,54 @@ descriptors:
     assert_eq!(used("tenant_rate"), 1, "the killed request counted once: {v}");
     assert_eq!(used("tenant_in_flight"), 0, "{v}");
 }
+
+/// A tenant's tokens beside its slots in one request: the estimate is
+/// reserved and the slot acquired in one call, and when the body ends the
+/// tokens settle at the usage read and the slot is released.
+fn cost_beside_a_slot(store: &[&str], name: &str) {
+    let rules = "domain: llm
+request_descriptors:
+  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
+descriptors:
+  - key: tenant
+    rate_limits:
+      - unit: hour
+        requests_per_unit: 100000
+        name: tenant_tokens
+        cost: {estimate: {body: max_tokens, default: 500}, actual: {usage: total_tokens}}
+      - {concurrency: 1, lease_ttl: 60s, name: tenant_in_flight}
+";
+    let fake = FakeOpenAi::start();
+    let s = Served::proxy(name, rules, &fake.url(), &[&["--domain", "llm"], store].concat());
+    let used = |rule: &str| {
+        let (code, _, body) = cli::http_full(
+            &s.admin,
+            "POST",
+            "/admin/v1/counters",
+            r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+        );
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].as_u64().unwrap()
+    };
+    for round in 1..=2u64 {
+        let (code, _, body) = chat(&s.proxy, "acme", "", r#"{"max_tokens": 100}"#);
+        assert_eq!(code, 200, "{body}");
+        // 10 prompt + 20 completion tokens a response, not the 100 reserved.
+        cli::eventually("the tokens settled at the usage", Duration::from_secs(5), || {
+            used("tenant_tokens") == 30 * round
+        });
+        assert_eq!(used("tenant_in_flight"), 0, "the slot was released");
+    }
+}
+
+#[test]
+fn a_cost_beside_a_slot_settles_in_memory() {
+    cost_beside_a_slot(&[], "cost-slot-mem");
+}
+
+#[test]
+fn a_cost_beside_a_slot_settles_on_redis() {
+    let redis = RedisServer::start();
+    cost_beside_a_slot(&["--store", &redis.url()], "cost-slot-redis");
+}

@@ -180,6 +180,13 @@ impl Check<'_> {
             && self.hits > 0
             && self.limit.charge() == crate::Charge::Before
     }
+
+    /// Whether a reservation keeps a part for this check when it allows:
+    /// it takes (a peek too: a settle charges its actual amount late), and
+    /// not a concurrency limit's slot (released, never settled).
+    pub fn reserves(&self) -> bool {
+        matches!(self.op, Op::Take | Op::Acquire { .. }) && !self.limit.is_concurrency()
+    }
 }
 
 /// What a check does to its limit.

@@ -248,9 +248,8 @@ impl RedisStore {
             return Ok(None);
         }
         let failed = replies.iter().any(Result::is_err);
-        let kept: Vec<usize> = (0..checks.len())
-            .filter(|&j| checks[j].op == CoreOp::Take && out[j].as_ref().is_ok_and(|d| d.allowed))
-            .collect();
+        let kept: Vec<usize> =
+            (0..checks.len()).filter(|&j| checks[j].reserves() && out[j].as_ref().is_ok_and(|d| d.allowed)).collect();
         if denied || failed || kept.is_empty() {
             // A slot that failed follows its rules' failure policy; its
             // parts were not kept, so no reservation is answered.

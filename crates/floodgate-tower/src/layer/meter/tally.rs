@@ -39,12 +39,17 @@ impl Meter {
     /// `verdicts` (one each, in order): its parts are the checks the store
     /// kept, as it keeps them — a limit's check it answered and allowed (a
     /// shadowed limit over its limit, or one whose store failed, keeps
-    /// nothing) — so a settle gives one amount per part.
+    /// nothing, and a concurrency limit's slot is released, not settled) —
+    /// so a settle gives one amount per part.
     pub fn of(id: ReservationId, checks: &[RuleCheck<'_>], verdicts: &[Verdict]) -> Meter {
         let parts = checks
             .iter()
             .zip(verdicts)
-            .filter(|(c, v)| c.rule.limit.is_some() && v.failure.is_none() && v.decision.is_some_and(|d| d.allowed))
+            .filter(|(c, v)| {
+                c.rule.limit.as_ref().is_some_and(|l| !l.is_concurrency())
+                    && v.failure.is_none()
+                    && v.decision.is_some_and(|d| d.allowed)
+            })
             .map(|(c, _)| MeterPart { estimate: c.hits, actual: c.rule.cost.as_ref().map(|k| k.actual.clone()) })
             .collect();
         Meter { id, parts }
