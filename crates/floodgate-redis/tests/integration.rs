@@ -3,8 +3,8 @@
 //! on free ports in a temporary directory.
 
 mod conformance;
-mod leases;
 mod faults;
+mod leases;
 mod redis_region;
 mod region;
 mod reservations;
