@@ -208,20 +208,41 @@ descriptors:
     assert_eq!(ask(r#"{"model": "big", "stream": true}"#), 429, "streams too");
 }
 
+/// A tenant's rate and its slots (one in flight, leases of `lease_ttl`).
+fn slot_rules(lease_ttl: &str) -> String {
+    format!(
+        "domain: llm
+request_descriptors:
+  - actions: [{{request_headers: {{header_name: x-tenant, descriptor_key: tenant}}}}]
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {{unit: hour, requests_per_unit: 1000, name: tenant_rate}}
+      - {{concurrency: 1, lease_ttl: {lease_ttl}, name: tenant_in_flight}}
+"
+    )
+}
+
+/// What tenant acme has used of `rule` (the admin API's counters).
+fn used_of(admin: &str, rule: &str) -> u64 {
+    let (code, _, body) = cli::http_full(
+        admin,
+        "POST",
+        "/admin/v1/counters",
+        r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let limit = v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule);
+    limit.and_then(|l| l["used"].as_u64()).unwrap_or_else(|| panic!("no {rule} in {v}"))
+}
+
 /// Issue 49: the proxy holds a tenant's slot from the request until the
 /// upstream's response has been sent, or the client went away; a request
 /// refused for concurrency never reaches the upstream and takes no rate.
 #[test]
 fn the_proxy_holds_a_slot_until_the_response_is_sent() {
-    let rules = "domain: llm
-request_descriptors:
-  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
-descriptors:
-  - key: tenant
-    rate_limits:
-      - {unit: hour, requests_per_unit: 1000, name: tenant_rate}
-      - {concurrency: 1, lease_ttl: 60s, name: tenant_in_flight}
-";
+    let rules = &slot_rules("60s");
     let fake = FakeOpenAi::start();
     let s = Served::proxy("leases-proxy", rules, &fake.url(), &["--domain", "llm"]);
     let quick = || chat(&s.proxy, "acme", "", r#"{"max_tokens": 5}"#).0;
@@ -261,17 +282,8 @@ descriptors:
     cli::eventually("the slot freed once the client went", Duration::from_secs(5), || quick() == 200);
     // The rate kept only the admitted requests (a, a quick one, b, a quick
     // one), and no slot is held.
-    let (code, _, body) = cli::http_full(
-        &s.admin,
-        "POST",
-        "/admin/v1/counters",
-        r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
-    );
-    assert_eq!(code, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let used = |rule: &str| v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].clone();
-    assert_eq!(used("tenant_rate"), 4, "{v}");
-    assert_eq!(used("tenant_in_flight"), 0, "{v}");
+    assert_eq!(used_of(&s.admin, "tenant_rate"), 4);
+    assert_eq!(used_of(&s.admin, "tenant_in_flight"), 0);
 }
 
 /// Issue 49: a proxy killed (SIGKILL) mid-request never releases its slot;
@@ -280,15 +292,7 @@ descriptors:
 /// hit is counted once.
 #[test]
 fn a_killed_proxys_slot_frees_when_its_lease_ends_on_redis() {
-    let rules = "domain: llm
-request_descriptors:
-  - actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]
-descriptors:
-  - key: tenant
-    rate_limits:
-      - {unit: hour, requests_per_unit: 1000, name: tenant_rate}
-      - {concurrency: 1, lease_ttl: 5s, name: tenant_in_flight}
-";
+    let rules = &slot_rules("5s");
     let redis = RedisServer::start();
     let fake = FakeOpenAi::start();
     let store = ["--store", &redis.url()];
@@ -321,17 +325,8 @@ descriptors:
     cli::eventually("the slot freed when its lease ended", Duration::from_secs(15), || {
         check(0)["descriptors"].as_array().unwrap().iter().all(|d| d["remaining"] != 0)
     });
-    let (code, _, body) = cli::http_full(
-        &other.admin,
-        "POST",
-        "/admin/v1/counters",
-        r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
-    );
-    assert_eq!(code, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let used = |rule: &str| v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].clone();
-    assert_eq!(used("tenant_rate"), 1, "the killed request counted once: {v}");
-    assert_eq!(used("tenant_in_flight"), 0, "{v}");
+    assert_eq!(used_of(&other.admin, "tenant_rate"), 1, "the killed request counted once");
+    assert_eq!(used_of(&other.admin, "tenant_in_flight"), 0);
 }
 
 /// A tenant's tokens beside its slots in one request: the estimate is
@@ -352,17 +347,7 @@ descriptors:
 ";
     let fake = FakeOpenAi::start();
     let s = Served::proxy(name, rules, &fake.url(), &[&["--domain", "llm"], store].concat());
-    let used = |rule: &str| {
-        let (code, _, body) = cli::http_full(
-            &s.admin,
-            "POST",
-            "/admin/v1/counters",
-            r#"{"domain": "llm", "descriptor": [{"key": "tenant", "value": "acme"}]}"#,
-        );
-        assert_eq!(code, 200, "{body}");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["limits"].as_array().unwrap().iter().find(|l| l["rule"] == rule).unwrap()["used"].as_u64().unwrap()
-    };
+    let used = |rule: &str| used_of(&s.admin, rule);
     for round in 1..=2u64 {
         let (code, _, body) = chat(&s.proxy, "acme", "", r#"{"max_tokens": 100}"#);
         assert_eq!(code, 200, "{body}");
