@@ -4,7 +4,8 @@
 //!
 //! * The **state directory** (`--state-dir`, `FLOODGATE_STATE_DIR`):
 //!   `$XDG_STATE_HOME/floodgate`, else `$HOME/.local/state/floodgate`, else
-//!   `.floodgate` in the working directory.
+//!   (no home: a container's or a system user's) `floodgate-<uid>` in the
+//!   temp dir; see [`default_state_dir`].
 //! * The **instance name** (`--instance`, `FLOODGATE_INSTANCE`): by default
 //!   `admin-<IP>-<PORT>` of the configured admin address. Two instances
 //!   running at once cannot share an admin address, so they get different
@@ -21,6 +22,7 @@
 //! shared overrides, so it can start (and serve the last overrides it saw)
 //! while Redis is down.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -48,16 +50,33 @@ pub enum OverridesFile {
     },
 }
 
-/// The default state directory, from the environment.
+/// The default state directory, from the environment:
+/// `$XDG_STATE_HOME/floodgate`, else `$HOME/.local/state/floodgate`, else
+/// `floodgate-<uid>` in the temp dir (`$TMPDIR`, else `/tmp`).
+///
+/// A user without a home gets the last: `HOME` unset, relative, `/` (what
+/// podman and docker set for a user the image does not name) or not a
+/// directory (Debian's system users' `/nonexistent`). Its files then last
+/// until the temp dir is cleaned (a reboot, often): give `--state-dir` where
+/// they matter (the container image and the Debian package do). The uid
+/// keeps two such users on one machine apart.
 pub fn default_state_dir() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    use std::os::unix::fs::MetadataExt;
+    // `/proc/self` belongs to this process's (effective) user.
+    let uid = std::fs::metadata("/proc/self").ok().map(|m| m.uid());
+    state_dir_from(|k| std::env::var_os(k), &std::env::temp_dir(), uid)
+}
+
+/// [`default_state_dir`] with its environment passed in.
+fn state_dir_from(var: impl Fn(&str) -> Option<OsString>, temp: &Path, uid: Option<u32>) -> PathBuf {
+    let var = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(xdg) = var("XDG_STATE_HOME").filter(|p| p.is_absolute()) {
         return xdg.join("floodgate");
     }
-    if let Some(home) = var("HOME").filter(|p| p.is_absolute()) {
+    if let Some(home) = var("HOME").filter(|p| p.is_absolute() && p != Path::new("/") && p.is_dir()) {
         return home.join(".local/state/floodgate");
     }
-    PathBuf::from(".floodgate")
+    temp.join(uid.map_or_else(|| "floodgate".to_owned(), |uid| format!("floodgate-{uid}")))
 }
 
 /// The default instance name for an admin address: `admin-127.0.0.1-9090`
@@ -200,6 +219,33 @@ fn migrate_legacy(legacy: &Path, to: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a non-root `serve` with `HOME=/` (a container's user)
+    /// or no `HOME` exited "cannot create the state directory
+    /// /.local/state/floodgate/…".
+    #[test]
+    fn regression_state_dir_without_a_home_is_in_the_temp_dir() {
+        let temp = Path::new("/tmp");
+        let home = std::env::temp_dir();
+        let at = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, OsString)> = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).into())).collect();
+            state_dir_from(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()), temp, Some(65532))
+        };
+        let fallback = PathBuf::from("/tmp/floodgate-65532");
+        assert_eq!(at(&[]), fallback);
+        for no_home in ["/", "", "relative/home", "/nonexistent/floodgate-test-home"] {
+            assert_eq!(at(&[("HOME", no_home)]), fallback, "HOME={no_home}");
+        }
+        let h = home.to_str().unwrap();
+        assert_eq!(at(&[("HOME", h)]), home.join(".local/state/floodgate"));
+        assert_eq!(at(&[("HOME", h), ("XDG_STATE_HOME", "/srv/state")]), PathBuf::from("/srv/state/floodgate"));
+        assert_eq!(
+            at(&[("HOME", "/"), ("XDG_STATE_HOME", "relative")]),
+            fallback,
+            "a relative XDG_STATE_HOME is ignored"
+        );
+        assert_eq!(state_dir_from(|_| None, temp, None), PathBuf::from("/tmp/floodgate"));
+    }
 
     #[test]
     fn instance_names_come_from_the_admin_address() {
