@@ -9,6 +9,7 @@ mod net;
 
 mod dashboard_browser;
 mod defaults_cli;
+mod deploy;
 mod docs;
 mod keys_cli;
 mod metering_cli;
