@@ -47,11 +47,11 @@ local function cc_forget(key, m, id, slots)
   redis.call('HINCRBY', key, 'u', -slots)
 end
 
--- Drop the leases expired at `now`.
+-- Drop the leases expired at `now`: the slots they held.
 local function cc_prune(key, now)
   local z = key .. ':l'
   local gone = redis.call('ZRANGEBYSCORE', z, '-inf', int(now))
-  if #gone == 0 then return end
+  if #gone == 0 then return 0 end
   local freed = 0
   for _, m in ipairs(gone) do
     local id, s = cc_lease(key, m)
@@ -62,10 +62,20 @@ local function cc_prune(key, now)
   end
   redis.call('ZREMRANGEBYSCORE', z, '-inf', int(now))
   redis.call('HINCRBY', key, 'u', -freed)
+  return freed
 end
 
 local function cc_used(key)
   return tonumber(redis.call('HGET', key, 'u')) or 0
+end
+
+-- What a concurrency check did to its key's slots, answered in place of
+-- its delay (a concurrency limit has none) for the store's accounts: the
+-- slots that had expired, and those held before and after, each below
+-- 2^17 (a limit is at most 100 000), as ((expired * 2^18) + before) *
+-- 2^18 + after, exact below 2^53.
+local function cc_account(expired, before, after)
+  return (expired * 262144 + before) * 262144 + after
 end
 
 -- The keys last as long as their last lease; none held: gone.

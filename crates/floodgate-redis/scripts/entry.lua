@@ -47,7 +47,8 @@
 -- denied, the request's checks that allowed are refunded at once (which
 -- leaves no trace), so the request takes nothing anywhere. It returns, per
 -- request: now, denied (1/0), then per check: allowed (1/0), remaining,
--- reset_after (us), retry_after (us, -1 for none), delay (us).
+-- reset_after (us), retry_after (us, -1 for none), delay (us; for a
+-- concurrency check what it did to the slots instead: cc_account).
 -- "refund" gives the hits back (a request whose other limits, in another
 -- slot, denied it) and returns, per request: now.
 --
@@ -344,6 +345,8 @@ local function settle_record(k, rid, parts, head, now)
 end
 
 local allowed_at = {}
+-- A concurrency check's slots expired and held before it (cc_account).
+local cc_expired, cc_before = {}, {}
 a, k = 2, 0
 while a <= #ARGV do
   local now
@@ -389,6 +392,11 @@ while a <= #ARGV do
       -- that time (us) as if never taken (Limit::refund), then answer as a
       -- refund does.
       local taken_at = nil
+      local cc = ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' and l > 0
+      if cc then
+        cc_expired[i] = cc_prune(KEYS[k + i], now)
+        cc_before[i] = cc_used(KEYS[k + i])
+      end
       if flag >= 4294967296 then taken_at, flag = flag, 2 end
       local after = flag >= 4
       if after then flag = flag - 4 end
@@ -458,6 +466,7 @@ while a <= #ARGV do
       allowed_at[i] = allowed and flag ~= 2 and not (after and hits > 0)
       if not allowed and flag == 1 then denied = true end
       if allowed then out[o + 1] = 1 else out[o + 1] = 0 end
+      if cc then delay = cc_account(cc_expired[i], cc_before[i], cc_used(KEYS[k + i])) end
       out[o + 2], out[o + 3], out[o + 4], out[o + 5] = remaining, reset, retry, delay
       o = o + 5
     end
@@ -468,6 +477,9 @@ while a <= #ARGV do
           local alg, l, w, p, hits = check(a, i)
           local spec, _, code = scope(a, i)
           refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lease_op(a, i))
+          if ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' then
+            out[head + 5 * i] = cc_account(cc_expired[i], cc_before[i], cc_used(KEYS[k + i]))
+          end
         end
       end
     end

@@ -304,6 +304,31 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
     cmd
 }
 
+/// What this instance's calls did to concurrency limits' slots, by limit
+/// fingerprint: acquired, released and found expired (counts of this
+/// instance's calls; the slots held now are Redis's, across instances).
+#[derive(Debug, Default)]
+pub(crate) struct LeaseAccounts(
+    std::sync::Mutex<std::collections::HashMap<u32, floodgate_core::store::memory::LeaseStats>>,
+);
+
+impl LeaseAccounts {
+    /// A check found `expired` slots ended, then held `before`, then `after`.
+    pub(crate) fn record(&self, fingerprint: u32, expired: u64, before: u64, after: u64) {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(fingerprint).or_default().record(expired, before, after);
+    }
+
+    /// Every limit's accounts, by fingerprint.
+    pub(crate) fn all(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
+        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out: Vec<(u32, floodgate_core::store::memory::LeaseStats)> =
+            map.iter().map(|(fp, s)| (*fp, *s)).collect();
+        out.sort_unstable_by_key(|(fp, _)| *fp);
+        out
+    }
+}
+
 /// A script's reply that is not what the call expects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -345,8 +370,9 @@ pub(crate) struct Reply {
     pub(crate) decisions: Vec<Decision>,
 }
 
-/// Read an apply's reply for `checks`.
-pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>]) -> Result<Reply, BadReply> {
+/// Read an apply's reply for `checks`, a concurrency limit's accounts
+/// (what each check did to its slots) into `leases`.
+pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>], leases: &LeaseAccounts) -> Result<Reply, BadReply> {
     let expected = 2 + REPLY_STRIDE * checks.len();
     if values.len() != expected {
         return Err(BadReply(format!("the script answered {} values, not {expected}", values.len())));
@@ -356,13 +382,20 @@ pub(crate) fn reply(values: &[i64], checks: &[&Check<'_>]) -> Result<Reply, BadR
         .chunks_exact(REPLY_STRIDE)
         .zip(checks)
         .map(|(v, c)| {
+            let mut delay = num(v[4])?;
+            if c.limit.is_concurrency() {
+                // Its account, not a delay (`cc_account` in concurrency.lua).
+                const B: u64 = 1 << 18;
+                leases.record(c.limit.fingerprint(), delay / (B * B), delay / B % B, delay % B);
+                delay = 0;
+            }
             Ok(Decision {
                 allowed: v[0] == 1,
                 limit: c.limit.limit(),
                 remaining: num(v[1])?,
                 reset_after: Duration::from_micros(num(v[2])?),
                 retry_after: if v[3] < 0 { None } else { Some(Duration::from_micros(num(v[3])?)) },
-                delay: Duration::from_micros(num(v[4])?),
+                delay: Duration::from_micros(delay),
             })
         })
         .collect::<Result<_, BadReply>>()?;

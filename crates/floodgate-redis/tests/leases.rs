@@ -54,3 +54,33 @@ fn unreleased_leases_leave_nothing_behind_after_one_lease() {
         }
     });
 }
+
+/// The store's accounts count what its calls did to the slots: acquired,
+/// released, and expired leases found as their key is met.
+#[test]
+fn the_accounts_count_acquired_released_and_expired_slots() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = RedisStore::new(RedisConfig::new(server.url().parse().unwrap())).unwrap();
+    let limit = Limit::new(Algorithm::Concurrency, 2, Duration::from_secs(2)).unwrap();
+    rt.block_on(async {
+        let mut out = Vec::new();
+        let mut op = async |op: Op, hits: u64| {
+            store.apply_all(&[check("acct", &limit, op, hits)], &mut out).await;
+            assert!(out[0].as_ref().unwrap().allowed, "{op:?}: {:?}", out[0]);
+        };
+        op(Op::Acquire { lease: 1 }, 1).await;
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        // Lease 2 keeps the key alive past lease 1's end.
+        op(Op::Acquire { lease: 2 }, 1).await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        // Lease 1 has ended unreleased: found expired by the next acquire.
+        op(Op::Acquire { lease: 3 }, 1).await;
+        op(Op::Release { lease: Some(3) }, 0).await;
+        op(Op::Release { lease: Some(3) }, 0).await; // again: frees nothing
+    });
+    let stats = store.lease_stats();
+    assert_eq!(stats.len(), 1);
+    let s = stats[0].1;
+    assert_eq!((s.acquired, s.released, s.expired, s.held), (3, 1, 1, 1), "{s:?}");
+}

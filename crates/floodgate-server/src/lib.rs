@@ -55,6 +55,13 @@ pub trait Backend: Store + std::fmt::Debug + 'static {
         Vec::new()
     }
 
+    /// Whether the leases live in a store other instances share (Redis):
+    /// then [`Backend::lease_stats`] counts this instance's calls, and the
+    /// slots held now are the store's, not known here.
+    fn leases_shared(&self) -> bool {
+        false
+    }
+
     /// What the store reports of itself for the dashboard (kind, keys,
     /// Redis's breaker and counters).
     fn store_health(&self) -> serde_json::Value {

@@ -347,8 +347,9 @@ impl Metrics {
 }
 
 /// Each concurrency rule's slots ([`crate::service::Service::leases`]):
-/// held now against the limit, and acquired, released and expired (its
-/// refusals are `floodgate_decisions_total{result="over_limit"}`).
+/// held now against the limit (not for leases a shared store keeps: only
+/// it knows), and acquired, released and expired (its refusals are
+/// `floodgate_decisions_total{result="over_limit"}`).
 pub fn render_leases(out: &mut String, leases: &[crate::service::RuleLeases]) {
     if leases.is_empty() {
         return;
@@ -368,7 +369,7 @@ pub fn render_leases(out: &mut String, leases: &[crate::service::RuleLeases]) {
     ];
     for (name, kind, help, pick) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for l in leases {
+        for l in leases.iter().filter(|l| !(l.shared && name == "floodgate_leases_in_flight")) {
             let _ =
                 writeln!(out, "{name}{{domain=\"{}\",rule=\"{}\"}} {}", escape(&l.domain), escape(&l.rule), pick(l));
         }

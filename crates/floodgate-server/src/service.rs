@@ -229,6 +229,10 @@ pub struct RuleLeases {
     pub concurrency: u64,
     /// Held now, and acquired, released and expired since the start.
     pub stats: floodgate_core::store::memory::LeaseStats,
+    /// The slots live in a store other instances share (Redis): `stats`
+    /// counts this instance's calls (acquired, released, found expired),
+    /// and its `held` is not the slots held now.
+    pub shared: bool,
 }
 
 /// A decided request: its answer (the one every adapter gives, with the
@@ -417,6 +421,7 @@ impl<S: Store> Service<S> {
             return Vec::new();
         }
         let stats = self.limiter.store().lease_stats();
+        let shared = self.limiter.store().leases_shared();
         rules
             .into_iter()
             .filter_map(|(domain, rule, limit)| {
@@ -426,6 +431,7 @@ impl<S: Store> Service<S> {
                     rule: rule.to_owned(),
                     concurrency: limit.limit(),
                     stats: stats[i].1,
+                    shared,
                 })
             })
             .collect()

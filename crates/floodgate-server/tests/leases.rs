@@ -258,6 +258,13 @@ async fn a_crashed_callers_slot_frees_when_its_lease_ends_on_redis() {
     // the only ones left).
     let keys = redis.cli(&["--scan", "--pattern", "*job*"]);
     assert_eq!(keys.lines().count(), 2, "one key's hash and sorted set: {keys}");
+    // This instance's accounts: two acquired (the expired lease went with
+    // its key, met by nobody: not counted); the slots held now are Redis's,
+    // so no in-flight gauge.
+    let (_, _, text) = call(&http(), "GET", format!("http://{}/metrics", s.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"job_slots\"} 2"), "{text}");
+    assert!(!text.contains("floodgate_leases_in_flight{"), "{text}");
     s.stop().await;
 }
 
@@ -293,6 +300,11 @@ async fn instances_on_one_redis_share_leases() {
     assert_eq!(ask(&mut ca, acquire()).await.overall_code, Code::OverLimit as i32, "two in flight across both");
     ask(&mut cb, req("backend", vec![stream_end("shared", Some(&first))], 0)).await;
     assert_eq!(ask(&mut ca, acquire()).await.overall_code, Code::Ok as i32, "released through the other instance");
+    // Each instance counts what its own calls did.
+    let (_, _, text) = call(&http(), "GET", format!("http://{}/metrics", b.http), "", None).await;
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"tenant_in_flight\"} 1"), "{text}");
+    assert!(text.contains("floodgate_leases_released_total{domain=\"backend\",rule=\"tenant_in_flight\"} 1"), "{text}");
     a.stop().await;
     b.stop().await;
 }

@@ -112,7 +112,7 @@ pub struct LeaseStats {
 impl LeaseStats {
     /// Slots `expired` (ended before the operation), then the held count
     /// moving from `before` to `after` by the operation.
-    fn record(&mut self, expired: u64, before: u64, after: u64) {
+    pub fn record(&mut self, expired: u64, before: u64, after: u64) {
         self.expired += expired;
         self.held = (self.held.saturating_sub(expired) + after).saturating_sub(before);
         if after > before {

@@ -42,13 +42,17 @@ impl RedisStore {
             checks.iter().map(|c| CheckArgs::of(c, op).with_global(self.global_args(c, now))).collect();
         let values = self.run(&[(now, keys, &args, None)], op, true, None, &self.inner.conn).await?;
         if let Op::Refund(_) = op {
+            // A slot taken by another call, given back by this one.
+            for c in checks.iter().filter(|c| c.takes_back_on_denial() && c.limit.is_concurrency()) {
+                self.inner.leases.record(c.limit.fingerprint(), 0, c.hits, 0);
+            }
             return Ok(Reply {
                 now_us: values.first().copied().unwrap_or(0).max(0) as u64,
                 denied: false,
                 decisions: vec![],
             });
         }
-        script::reply(&values, checks).map_err(|e| CallError::Reply(e.0))
+        script::reply(&values, checks, &self.inner.leases).map_err(|e| CallError::Reply(e.0))
     }
 
     /// One request's checks through the batch queue (one server). Gives the
@@ -65,7 +69,7 @@ impl RedisStore {
         let args = checks.iter().map(|c| CheckArgs::of(c, Op::Apply).with_global(self.global_args(c, now))).collect();
         match self.queued_raw(keys, args, now, None).await {
             (keys, Ok(values)) => {
-                let reply = script::reply(&values, checks).map_err(|e| CallError::Reply(e.0));
+                let reply = script::reply(&values, checks, &self.inner.leases).map_err(|e| CallError::Reply(e.0));
                 (keys, reply)
             }
             (keys, Err(e)) => (keys, Err(e)),

@@ -156,6 +156,8 @@ struct Inner {
     breaker: Breaker,
     /// The parts of the reservations this instance made.
     reservations: reserve::Remembered,
+    /// What this instance's calls did to concurrency limits' slots.
+    leases: crate::script::LeaseAccounts,
     denied: DeniedCache,
     clock: floodgate_core::SystemClock,
     calls: AtomicU64,
@@ -242,6 +244,7 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
                 breaker: Breaker::new(),
                 reservations: reserve::Remembered::default(),
+                leases: crate::script::LeaseAccounts::default(),
                 denied: DeniedCache::new(),
                 clock: floodgate_core::SystemClock::new(),
                 calls: AtomicU64::new(0),
@@ -262,6 +265,15 @@ impl RedisStore {
     /// The settings.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
+    }
+
+    /// What this instance's calls did to each concurrency limit's slots,
+    /// by limit fingerprint: acquired, released by their holders, and
+    /// found expired as their keys were met (counts of this instance's
+    /// calls: add the instances' up). `held` is this instance's view
+    /// only; the slots held now are in Redis.
+    pub fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
+        self.inner.leases.all()
     }
 
     /// What the store did so far.

@@ -217,7 +217,7 @@ impl RedisStore {
                     let at = now.map(|n| n.to_string()).unwrap_or_default();
                     let head = format!("r{at}|{rid}|{}|{desc}", ttls.join(" "));
                     let values = self.run_reservation(ks, args, head).await?;
-                    script::reply(&values, &refs).map_err(|e| StoreError::Unavailable(e.0))
+                    script::reply(&values, &refs, &self.inner.leases).map_err(|e| StoreError::Unavailable(e.0))
                 }
             });
             super::join_all(calls.collect()).await

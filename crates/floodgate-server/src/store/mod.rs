@@ -220,8 +220,12 @@ impl Backend for ServerStore {
     fn lease_stats(&self) -> Vec<(u32, floodgate_core::store::memory::LeaseStats)> {
         match self {
             Self::Memory(s) | Self::Regional(s, ..) => s.lease_stats(),
-            Self::Redis(..) | Self::RedisRegional(..) => Vec::new(),
+            Self::Redis(s) | Self::RedisRegional(s, ..) => s.lease_stats(),
         }
+    }
+
+    fn leases_shared(&self) -> bool {
+        matches!(self, Self::Redis(..) | Self::RedisRegional(..))
     }
 
     fn store_health(&self) -> serde_json::Value {

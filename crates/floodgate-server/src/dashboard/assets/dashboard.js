@@ -777,9 +777,12 @@ function updateRow(row, r) {
     row.rates.append(el('span', { class: 'rate-' + s, 'data-value': String(v), text: `${num(v)}/s ${NAMES[s]}` }));
   }
   if (r.concurrency !== undefined) {
-    // A concurrency limit: its slots held now, against its limit per key.
+    // A concurrency limit: its slots held now, against its limit per key
+    // (null: the leases live in Redis, shared by every instance: a key's
+    // slots show in its counters).
+    const held = r.in_flight === null ? 'held in Redis (look a key up)' : `in flight now: ${num(r.in_flight)}`;
     row.rates.append(el('span', { class: 'in-flight', 'data-value': String(r.in_flight),
-      text: `in flight now: ${num(r.in_flight)} (up to ${num(r.concurrency)} per key)` +
+      text: `${held} (up to ${num(r.concurrency)} per key)` +
         (r.leases_expired ? `; ${num(r.leases_expired)} leases ended unreleased` : '') }));
   }
   const t = sums(h);
