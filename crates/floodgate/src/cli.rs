@@ -177,7 +177,8 @@ pub(crate) struct CommonArgs {
     #[arg(long, env = "FLOODGATE_KEY_CACHE_TTL")]
     pub(crate) key_cache_ttl: Option<String>,
     /// Where instances keep their own files (default: $XDG_STATE_HOME/floodgate,
-    /// else ~/.local/state/floodgate).
+    /// else ~/.local/state/floodgate, else for a user with no home
+    /// floodgate-UID in the temp dir).
     #[arg(long, env = "FLOODGATE_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
     /// This instance's name: its files live in STATE_DIR/NAME (default:
