@@ -32,6 +32,7 @@ use crate::protocol::admin::{self, AdminState};
 use crate::protocol::budget_grpc::BudgetServer;
 use crate::protocol::grpc::Rls;
 use crate::protocol::http::{self, HttpState};
+use crate::protocol::leases_grpc::LeasesServer;
 use crate::proxy::{Forward, ProxyConfig, ServiceDecider, serve_proxy};
 use crate::rules::reload::{Rules, RulesSource, WatchOptions, Watcher, watch};
 use crate::service::Service;
@@ -175,6 +176,7 @@ where
         .layer(shed)
         .add_service(grpc.health)
         .add_service(BudgetServer::new(grpc.service.clone()))
+        .add_service(LeasesServer::new(grpc.service.clone()))
         .add_service(Rls::server(grpc.service, grpc.headers))
         .serve_with_incoming_shutdown(incoming, stopped(stop))
         .await
@@ -428,7 +430,11 @@ impl Bound {
                 tonic_health::server::HealthService::from_health_reporter(health.clone()),
             );
             health.set_service_status("", tonic_health::ServingStatus::Serving).await;
-            for name in ["envoy.service.ratelimit.v3.RateLimitService", crate::protocol::budget_grpc::SERVICE] {
+            for name in [
+                "envoy.service.ratelimit.v3.RateLimitService",
+                crate::protocol::budget_grpc::SERVICE,
+                crate::protocol::leases_grpc::SERVICE,
+            ] {
                 health.set_service_status(name, tonic_health::ServingStatus::Serving).await;
             }
             let serving = Grpc {

@@ -17,7 +17,9 @@ use floodgate_redis::RedisConfig;
 use floodgate_testing::{RedisCluster, RedisServer};
 use serde_json::{Value, json};
 
-use crate::server::{Server, ask, call, desc, http, req};
+use crate::server::{Server, Unary, ask, call, desc, http, req};
+use floodgate_server::protocol::budget_grpc::{Entry as PbEntry, PbDescriptor};
+use floodgate_server::protocol::leases_grpc::{AcquireRequest, LeaseRequest, LeaseResponse};
 
 /// A backend's tenants: 100 a minute and 2 in flight each.
 const LEASES: &str = r#"
@@ -348,4 +350,46 @@ async fn redis_killed_with_leases_held() {
     ask(&mut c, req("backend", vec![stream_end("k", Some(&held))], 0)).await;
     assert_eq!(ask(&mut c, acquire()).await.overall_code, Code::OverLimit as i32);
     s.stop().await;
+}
+
+/// floodgate's own gRPC API for leases (`floodgate.leases.v1.Leases`):
+/// acquire, extend, release, on the memory store and on Redis.
+async fn grpc_leases_on(s: Server) {
+    let mut c = Unary::connect(&s).await;
+    let d = || vec![PbDescriptor { entries: vec![PbEntry { key: "tenant".into(), value: "g".into() }], hits: None }];
+    let acquire = AcquireRequest { domain: "backend".into(), descriptors: d(), hits: 0 };
+    let lease = |id: &str| LeaseRequest { domain: "backend".into(), descriptors: d(), lease: id.into() };
+    const ACQUIRE: &str = "/floodgate.leases.v1.Leases/Acquire";
+    const RELEASE: &str = "/floodgate.leases.v1.Leases/Release";
+    const EXTEND: &str = "/floodgate.leases.v1.Leases/Extend";
+    let a: LeaseResponse = c.call(ACQUIRE, acquire.clone()).await.unwrap();
+    assert!(a.allowed && a.lease.len() == 16 && a.lease_ttl_ms == 30_000, "{a:?}");
+    let b: LeaseResponse = c.call(ACQUIRE, acquire.clone()).await.unwrap();
+    assert!(b.allowed, "{b:?}");
+    let full: LeaseResponse = c.call(ACQUIRE, acquire.clone()).await.unwrap();
+    assert!(!full.allowed && full.lease.is_empty(), "{full:?}");
+    assert_eq!(full.descriptors[0].name, "tenant_in_flight");
+    let ext: LeaseResponse = c.call(EXTEND, lease(&a.lease)).await.unwrap();
+    assert!(ext.allowed, "{ext:?}");
+    let rel: LeaseResponse = c.call(RELEASE, lease(&a.lease)).await.unwrap();
+    assert!(rel.allowed && rel.lease.is_empty(), "{rel:?}");
+    let again: LeaseResponse = c.call(ACQUIRE, acquire.clone()).await.unwrap();
+    assert!(again.allowed, "A's slot is free again: {again:?}");
+    let gone: LeaseResponse = c.call(EXTEND, lease(&a.lease)).await.unwrap();
+    assert!(!gone.allowed, "a released lease cannot be extended: {gone:?}");
+    let bad = c.call::<_, LeaseResponse>(RELEASE, lease("zz")).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(bad.message().starts_with("lease: "), "{}", bad.message());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_grpc_api_acquires_releases_and_extends() {
+    grpc_leases_on(lease_server("leases-grpc", None).await).await;
+}
+
+#[tokio::test]
+async fn the_grpc_api_acquires_releases_and_extends_on_redis() {
+    let redis = RedisServer::start();
+    grpc_leases_on(lease_server("leases-grpc-redis", Some(redis.url())).await).await;
 }

@@ -13,7 +13,7 @@ use floodgate_server::protocol::budget_grpc::{
 };
 use serde_json::{Value, json};
 
-use crate::server::{Server, call, http};
+use crate::server::{Server, Unary, call, http};
 
 /// Token budgets per tenant, in three dimensions, and a short ttl.
 const RULES: &str = r#"
@@ -174,13 +174,11 @@ async fn reservations_over_http(s: &Server) {
 }
 
 /// A gRPC client of `floodgate.budget.v1.Budget` (hand-written messages).
-struct Budget(tonic::client::Grpc<tonic::transport::Channel>);
+struct Budget(Unary);
 
 impl Budget {
     async fn connect(s: &Server) -> Self {
-        let ch =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", s.grpc)).unwrap().connect().await.unwrap();
-        Budget(tonic::client::Grpc::new(ch))
+        Budget(Unary::connect(s).await)
     }
 
     async fn unary<Q, R>(&mut self, method: &'static str, q: Q) -> Result<R, tonic::Status>
@@ -188,10 +186,7 @@ impl Budget {
         Q: prost::Message + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
-        self.0.ready().await.unwrap();
-        let path = http::uri::PathAndQuery::from_static(method);
-        let codec = tonic_prost::ProstCodec::<Q, R>::default();
-        self.0.unary(tonic::Request::new(q), path, codec).await.map(tonic::Response::into_inner)
+        self.0.call(method, q).await
     }
 
     async fn reserve(&mut self, tenant: &str, hits: u64) -> ReserveResponse {

@@ -931,3 +931,27 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// A gRPC client of floodgate's own services (hand-written prost messages:
+/// `floodgate.budget.v1`, `floodgate.leases.v1`).
+pub struct Unary(tonic::client::Grpc<Channel>);
+
+impl Unary {
+    pub async fn connect(s: &Server) -> Self {
+        let ch =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", s.grpc)).unwrap().connect().await.unwrap();
+        Unary(tonic::client::Grpc::new(ch))
+    }
+
+    /// One call of `method` (its full path).
+    pub async fn call<Q, R>(&mut self, method: &'static str, q: Q) -> Result<R, tonic::Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        self.0.ready().await.unwrap();
+        let path = http::uri::PathAndQuery::from_static(method);
+        let codec = tonic_prost::ProstCodec::<Q, R>::default();
+        self.0.unary(tonic::Request::new(q), path, codec).await.map(tonic::Response::into_inner)
+    }
+}

@@ -252,23 +252,7 @@ impl<S: Backend> BudgetServer<S> {
             reservation: reserved.id.map(|id| id.to_string()).unwrap_or_default(),
             reservation_ttl_ms: reserved.ttl.map(ms).unwrap_or(0),
             retry_after_ms: a.retry_after.filter(|_| !a.allowed).map(ms).unwrap_or(0),
-            descriptors: reserved
-                .decided
-                .statuses
-                .iter()
-                .map(|s| match (&s.limit, &s.decision) {
-                    (Some(info), Some(d)) => LimitStatus {
-                        allowed: !s.over_limit,
-                        name: info.name.as_deref().unwrap_or("").to_owned(),
-                        limit: info.requests_per_unit,
-                        window_ms: ms(info.window),
-                        remaining: d.remaining,
-                        reset_after_ms: ms(d.reset_after),
-                        limited: true,
-                    },
-                    _ => LimitStatus { allowed: true, ..LimitStatus::default() },
-                })
-                .collect(),
+            descriptors: limit_statuses(&reserved.decided),
         })
     }
 
@@ -286,6 +270,26 @@ impl<S: Backend> BudgetServer<S> {
         let settled = self.service.settle(id, actual).await.map_err(|e| status(&e))?;
         Ok(settle_response(id, &settled))
     }
+}
+
+/// Each descriptor's status in a decided request.
+pub(crate) fn limit_statuses(decided: &crate::service::Decided) -> Vec<LimitStatus> {
+    decided
+        .statuses
+        .iter()
+        .map(|s| match (&s.limit, &s.decision) {
+            (Some(info), Some(d)) => LimitStatus {
+                allowed: !s.over_limit,
+                name: info.name.as_deref().unwrap_or("").to_owned(),
+                limit: info.requests_per_unit,
+                window_ms: ms(info.window),
+                remaining: d.remaining,
+                reset_after_ms: ms(d.reset_after),
+                limited: true,
+            },
+            _ => LimitStatus { allowed: true, ..LimitStatus::default() },
+        })
+        .collect()
 }
 
 fn status(e: &ReservationError) -> Status {
@@ -333,7 +337,7 @@ fn settle_response(id: ReservationId, s: &Settled) -> SettleResponse {
 }
 
 /// Requests are small: 64 KiB, as the HTTP API's body limit.
-const MAX_MESSAGE: usize = 64 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 
 impl<S: Backend, B> tonic::codegen::Service<http::Request<B>> for BudgetServer<S>
 where

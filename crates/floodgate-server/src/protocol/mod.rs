@@ -8,4 +8,5 @@ pub mod budget_grpc;
 pub mod grpc;
 pub mod http;
 pub mod json;
+pub mod leases_grpc;
 pub mod unary;
