@@ -934,17 +934,17 @@ fn urlencode(s: &str) -> String {
 
 /// A gRPC client of floodgate's own services (hand-written prost messages:
 /// `floodgate.budget.v1`, `floodgate.leases.v1`).
-pub struct Unary(tonic::client::Grpc<Channel>);
+pub(crate) struct Unary(tonic::client::Grpc<Channel>);
 
 impl Unary {
-    pub async fn connect(s: &Server) -> Self {
+    pub(crate) async fn connect(s: &Server) -> Self {
         let ch =
             tonic::transport::Endpoint::from_shared(format!("http://{}", s.grpc)).unwrap().connect().await.unwrap();
         Unary(tonic::client::Grpc::new(ch))
     }
 
     /// One call of `method` (its full path).
-    pub async fn call<Q, R>(&mut self, method: &'static str, q: Q) -> Result<R, tonic::Status>
+    pub(crate) async fn call<Q, R>(&mut self, method: &'static str, q: Q) -> Result<R, tonic::Status>
     where
         Q: prost::Message + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
