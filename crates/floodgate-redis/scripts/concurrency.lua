@@ -78,35 +78,42 @@ local function cc_account(expired, before, after)
   return (expired * 262144 + before) * 262144 + after
 end
 
--- The keys last as long as their last lease; none held: gone.
-local function cc_keep(key, now)
-  local z = key .. ':l'
-  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
-  if #last == 0 then
-    redis.call('DEL', key, z)
-    return
+-- The last lease's expiry (us), read; false when none is held.
+local function cc_last(key)
+  local last = redis.call('ZRANGE', key .. ':l', -1, -1, 'WITHSCORES')
+  if #last == 0 then return false end
+  return tonumber(last[2])
+end
+
+-- The keys last as long as their last lease (`last`: its expiry when the
+-- caller knows it, else read); none held: gone. Returns `last`.
+local function cc_keep(key, now, last)
+  if last == nil then last = cc_last(key) end
+  if not last then
+    redis.call('DEL', key, key .. ':l')
+    return false
   end
-  local ttl = tonumber(last[2]) - now
-  expire(key, ttl)
-  expire(z, ttl)
+  expire(key, last - now)
+  expire(key .. ':l', last - now)
+  return last
 end
 
 -- What a request of `hits` slots is answered now, taking nothing:
 -- allowed, remaining, reset (until every lease has expired), retry (the
--- earliest time enough leases expire; -1 when none helps), delay.
-local function cc_answer(key, l, now, hits)
-  local used = cc_used(key)
+-- earliest time enough leases expire; -1 when none helps), delay. `used`
+-- and `last` (cc_last) when the caller knows them, else read.
+local function cc_answer(key, l, now, hits, used, last)
+  if used == nil then used = cc_used(key) end
+  if last == nil then last = cc_last(key) end
   local remaining = math.max(l - used, 0)
   local reset = 0
-  local z = key .. ':l'
-  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
-  if #last > 0 then reset = math.max(tonumber(last[2]) - now, 0) end
+  if last then reset = math.max(last - now, 0) end
   if hits <= remaining then return true, remaining, reset, -1, 0 end
   local retry = -1
   if hits <= l then
     -- Every lease holds a slot at least: `need` leases are enough.
     local need = used + hits - l
-    local first = redis.call('ZRANGE', z, 0, need - 1, 'WITHSCORES')
+    local first = redis.call('ZRANGE', key .. ':l', 0, need - 1, 'WITHSCORES')
     local at = now
     for j = 1, #first, 2 do
       at = tonumber(first[j + 1])
@@ -124,15 +131,16 @@ end
 local function cc_acquire(key, l, w, hits, id, now)
   cc_prune(key, now)
   local expires = now + w
+  local used = cc_used(key)
   if id ~= '0' and hits > 0 then
     local m = redis.call('HGET', key, '#' .. id)
     if m then
       redis.call('ZADD', key .. ':l', 'XX', int(expires), m)
-      cc_keep(key, now)
-      return cc_answer(key, l, now, 0)
+      return cc_answer(key, l, now, 0, used, cc_keep(key, now))
     end
   end
-  local allowed, remaining, reset, retry, delay = cc_answer(key, l, now, hits)
+  local last = cc_last(key)
+  local allowed, remaining, reset, retry, delay = cc_answer(key, l, now, hits, used, last)
   if hits == 0 or not allowed then return allowed, remaining, reset, retry, delay end
   local m = string.format('%015d', redis.call('HINCRBY', key, 'q', 1))
   if id ~= '0' then
@@ -143,14 +151,15 @@ local function cc_acquire(key, l, w, hits, id, now)
   end
   redis.call('HINCRBY', key, 'u', hits)
   redis.call('ZADD', key .. ':l', int(expires), m)
-  cc_keep(key, now)
-  return cc_answer(key, l, now, 0)
+  if not last or expires > last then last = expires end
+  return cc_answer(key, l, now, 0, used + hits, cc_keep(key, now, last))
 end
 
 -- Release lease `id`, or with nil the earliest-expiring one (the oldest of
 -- equals), answered as a peek. A lease already gone frees nothing.
 local function cc_release(key, l, now, id)
   cc_prune(key, now)
+  local used = cc_used(key)
   local m
   if id then
     m = redis.call('HGET', key, '#' .. id)
@@ -159,10 +168,12 @@ local function cc_release(key, l, now, id)
   end
   if m then
     local lid, s = cc_lease(key, m)
-    if lid then cc_forget(key, m, lid, s) end
+    if lid then
+      cc_forget(key, m, lid, s)
+      used = used - s
+    end
   end
-  cc_keep(key, now)
-  return cc_answer(key, l, now, 0)
+  return cc_answer(key, l, now, 0, used, cc_keep(key, now))
 end
 
 -- Extend lease `id` to a lease's length from now: allowed while it was
@@ -171,8 +182,7 @@ local function cc_extend(key, l, w, now, id)
   cc_prune(key, now)
   local m = redis.call('HGET', key, '#' .. id)
   if m then redis.call('ZADD', key .. ':l', 'XX', int(now + w), m) end
-  cc_keep(key, now)
-  local _, remaining, reset = cc_answer(key, l, now, 0)
+  local _, remaining, reset = cc_answer(key, l, now, 0, nil, cc_keep(key, now))
   if m then return true, remaining, reset, -1, 0 end
   return false, remaining, reset, -1, 0
 end
