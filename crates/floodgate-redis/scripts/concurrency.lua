@@ -61,7 +61,9 @@ local function cc_prune(key, now)
     end
   end
   redis.call('ZREMRANGEBYSCORE', z, '-inf', int(now))
-  redis.call('HINCRBY', key, 'u', -freed)
+  -- (Not when nothing was found: a hash evicted under memory pressure is
+  -- not made again without an expiry.)
+  if freed > 0 then redis.call('HINCRBY', key, 'u', -freed) end
   return freed
 end
 
@@ -187,10 +189,14 @@ local function cc_extend(key, l, w, now, id)
   return false, remaining, reset, -1, 0
 end
 
--- Give back up to n slots of lease m: those given back.
+-- Give back up to n slots of lease m: those given back. A lease the hash
+-- lacks (evicted under memory pressure) leaves the sorted set.
 local function cc_take(key, m, n)
   local id, s = cc_lease(key, m)
-  if not id then return 0 end
+  if not id then
+    redis.call('ZREM', key .. ':l', m)
+    return 0
+  end
   local take = math.min(s, n)
   if take == s then
     cc_forget(key, m, id, s)

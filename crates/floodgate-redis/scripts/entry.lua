@@ -477,7 +477,7 @@ while a <= #ARGV do
           local alg, l, w, p, hits = check(a, i)
           local spec, _, code = scope(a, i)
           refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lease_op(a, i))
-          if ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' then
+          if ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' and l > 0 then
             out[head + 5 * i] = cc_account(cc_expired[i], cc_before[i], cc_used(KEYS[k + i]))
           end
         end

@@ -31,6 +31,8 @@ descriptors:
       - {concurrency: 2, lease_ttl: 30s, name: tenant_in_flight}
   - key: job
     rate_limit: {concurrency: 1, lease_ttl: 1s, name: job_slots}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: user_rate}
 "#;
 
 /// A server with the lease rules, on the memory store or on `redis`.
@@ -373,6 +375,22 @@ async fn grpc_leases_on(s: Server) {
     assert!(ext.allowed, "{ext:?}");
     let rel: LeaseResponse = c.call(RELEASE, lease(&a.lease)).await.unwrap();
     assert!(rel.allowed && rel.lease.is_empty(), "{rel:?}");
+    // A release only releases: a rate beside it (another descriptor) keeps
+    // its hits, even when no concurrency limit is met at all.
+    let user = || PbDescriptor { entries: vec![PbEntry { key: "user".into(), value: "u".into() }], hits: None };
+    let both = AcquireRequest { domain: "backend".into(), descriptors: vec![d().remove(0), user()], hits: 0 };
+    let with_user: LeaseResponse = c.call(ACQUIRE, both).await.unwrap();
+    assert!(with_user.allowed, "{with_user:?}");
+    let release_both =
+        LeaseRequest { domain: "backend".into(), descriptors: vec![d().remove(0), user()], lease: with_user.lease };
+    let r: LeaseResponse = c.call(RELEASE, release_both).await.unwrap();
+    assert_eq!(r.descriptors[1].remaining, 4, "{r:?}");
+    let only_user = LeaseRequest { domain: "backend".into(), descriptors: vec![user()], lease: a.lease.clone() };
+    let r: LeaseResponse = c.call(RELEASE, only_user).await.unwrap();
+    assert_eq!(r.descriptors[0].remaining, 4, "{r:?}");
+    let too_many = AcquireRequest { domain: "backend".into(), descriptors: d(), hits: 1 << 60 };
+    let err = c.call::<_, LeaseResponse>(ACQUIRE, too_many).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     let again: LeaseResponse = c.call(ACQUIRE, acquire.clone()).await.unwrap();
     assert!(again.allowed, "A's slot is free again: {again:?}");
     let gone: LeaseResponse = c.call(EXTEND, lease(&a.lease)).await.unwrap();

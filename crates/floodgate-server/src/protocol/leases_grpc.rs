@@ -116,7 +116,8 @@ impl<S: Backend> LeasesServer<S> {
     async fn acquire(&self, r: AcquireRequest) -> Result<LeaseResponse, Status> {
         let descriptors =
             r.descriptors.into_iter().map(|d| Descriptor { hits_addend: d.hits, ..descriptor(d) }).collect::<Vec<_>>();
-        if let Some(n) = descriptors.iter().filter_map(|d| d.hits_addend).find(|&n| n > floodgate_core::MAX_LIMIT) {
+        let mut hits = descriptors.iter().filter_map(|d| d.hits_addend).chain([r.hits]);
+        if let Some(n) = hits.find(|&n| n > floodgate_core::MAX_LIMIT) {
             return Err(Status::invalid_argument(format!("hits: {n} is out of range: at most 2^53 - 1")));
         }
         let req = Request { domain: r.domain, descriptors, hits_addend: r.hits };
@@ -129,10 +130,12 @@ impl<S: Backend> LeasesServer<S> {
         let descriptors = r
             .descriptors
             .into_iter()
+            // A release gives back no hits: a descriptor that meets no
+            // concurrency limit only reads (0 hits given back).
             .map(|d| Descriptor {
                 lease: Some(id),
                 refund: matches!(kind, Kind::Release),
-                hits_addend: Some(1),
+                hits_addend: Some(u64::from(matches!(kind, Kind::Extend))),
                 ..descriptor(d)
             })
             .collect();
