@@ -36,13 +36,18 @@ local function cc_lease(key, m)
   return id, tonumber(s)
 end
 
--- Forget lease m (id, slots) entirely.
-local function cc_forget(key, m, id, slots)
+-- Take lease m (of `id`) out of the hash.
+local function cc_unlink(key, m, id)
   if id ~= '0' then
     redis.call('HDEL', key, m, '#' .. id)
   else
     redis.call('HDEL', key, m)
   end
+end
+
+-- Forget lease m (id, slots) entirely.
+local function cc_forget(key, m, id, slots)
+  cc_unlink(key, m, id)
   redis.call('ZREM', key .. ':l', m)
   redis.call('HINCRBY', key, 'u', -slots)
 end
@@ -57,7 +62,7 @@ local function cc_prune(key, now)
     local id, s = cc_lease(key, m)
     if id then
       freed = freed + s
-      if id ~= '0' then redis.call('HDEL', key, m, '#' .. id) else redis.call('HDEL', key, m) end
+      cc_unlink(key, m, id)
     end
   end
   redis.call('ZREMRANGEBYSCORE', z, '-inf', int(now))

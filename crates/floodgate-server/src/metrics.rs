@@ -354,24 +354,26 @@ pub fn render_leases(out: &mut String, leases: &[crate::service::RuleLeases]) {
     if leases.is_empty() {
         return;
     }
-    type Pick = fn(&crate::service::RuleLeases) -> u64;
+    // (None: a series this instance does not know.)
+    type Pick = fn(&crate::service::RuleLeases) -> Option<u64>;
     let families: [(&str, &str, &str, Pick); 5] = [
-        ("floodgate_leases_in_flight", "gauge", "Slots held now by a concurrency limit's leases.", |l| l.stats.held),
-        ("floodgate_leases_limit", "gauge", "A concurrency limit's slots per key (concurrency).", |l| l.concurrency),
-        ("floodgate_leases_acquired_total", "counter", "Slots acquired.", |l| l.stats.acquired),
-        ("floodgate_leases_released_total", "counter", "Slots released by their holders.", |l| l.stats.released),
+        ("floodgate_leases_in_flight", "gauge", "Slots held now by a concurrency limit's leases.", |l| l.in_flight()),
+        ("floodgate_leases_limit", "gauge", "A concurrency limit's slots per key (concurrency).", |l| {
+            Some(l.concurrency)
+        }),
+        ("floodgate_leases_acquired_total", "counter", "Slots acquired.", |l| Some(l.stats.acquired)),
+        ("floodgate_leases_released_total", "counter", "Slots released by their holders.", |l| Some(l.stats.released)),
         (
             "floodgate_leases_expired_total",
             "counter",
             "Slots whose lease ended while held (a holder that crashed, hung or never released; or its key dropped).",
-            |l| l.stats.expired,
+            |l| Some(l.stats.expired),
         ),
     ];
     for (name, kind, help, pick) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for l in leases.iter().filter(|l| !(l.shared && name == "floodgate_leases_in_flight")) {
-            let _ =
-                writeln!(out, "{name}{{domain=\"{}\",rule=\"{}\"}} {}", escape(&l.domain), escape(&l.rule), pick(l));
+        for (l, v) in leases.iter().filter_map(|l| Some((l, pick(l)?))) {
+            let _ = writeln!(out, "{name}{{domain=\"{}\",rule=\"{}\"}} {v}", escape(&l.domain), escape(&l.rule));
         }
     }
 }

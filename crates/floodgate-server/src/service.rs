@@ -235,6 +235,14 @@ pub struct RuleLeases {
     pub shared: bool,
 }
 
+impl RuleLeases {
+    /// The slots held now, when this instance knows them (not for leases
+    /// a shared store keeps).
+    pub fn in_flight(&self) -> Option<u64> {
+        (!self.shared).then_some(self.stats.held)
+    }
+}
+
 /// A decided request: its answer (the one every adapter gives, with the
 /// limit its rate-limit headers describe), and RLS's status per
 /// descriptor beside it (the HTTP API reports them too).

@@ -186,8 +186,7 @@ async fn the_http_api_acquires_releases_and_extends() {
     let (_, _, two) = post("/v1/check", check(1, None)).await;
     assert_eq!(two["allowed"], true);
     // The metrics: two slots in flight of the rule's two per key.
-    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
+    let text = s.metrics().await;
     assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
     assert!(text.contains("floodgate_leases_limit{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
     assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"tenant_in_flight\"} 2"), "{text}");
@@ -205,8 +204,7 @@ async fn the_http_api_acquires_releases_and_extends() {
     let (_, _, again) = post("/v1/check", check(1, None)).await;
     assert_eq!(again["allowed"], true, "{again}");
     // The extend and the release are counted apart from traffic, on both limits.
-    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
+    let text = s.metrics().await;
     for rule in ["tenant_rate", "tenant_in_flight"] {
         let line = format!("floodgate_decisions_total{{domain=\"backend\",rule=\"{rule}\",result=\"release\"}} 2");
         assert!(text.contains(&line), "{line}: {text}");
@@ -245,9 +243,7 @@ async fn the_http_api_acquires_releases_and_extends() {
 async fn a_crashed_callers_slot_frees_when_its_lease_ends() {
     let s = lease_server("leases-crash", None).await;
     slot_frees_with_its_lease(&s).await;
-    let h = http();
-    let (_, _, text) = call(&h, "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
+    let text = s.metrics().await;
     assert!(text.contains("floodgate_leases_expired_total{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
     assert!(text.contains("floodgate_leases_in_flight{domain=\"backend\",rule=\"job_slots\"} 1"), "{text}");
     s.stop().await;
@@ -265,8 +261,7 @@ async fn a_crashed_callers_slot_frees_when_its_lease_ends_on_redis() {
     // This instance's accounts: two acquired (the expired lease went with
     // its key, met by nobody: not counted); the slots held now are Redis's,
     // so no in-flight gauge.
-    let (_, _, text) = call(&http(), "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
+    let text = s.metrics().await;
     assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"job_slots\"} 2"), "{text}");
     assert!(!text.contains("floodgate_leases_in_flight{"), "{text}");
     s.stop().await;
@@ -305,8 +300,7 @@ async fn instances_on_one_redis_share_leases() {
     ask(&mut cb, req("backend", vec![stream_end("shared", Some(&first))], 0)).await;
     assert_eq!(ask(&mut ca, acquire()).await.overall_code, Code::Ok as i32, "released through the other instance");
     // Each instance counts what its own calls did.
-    let (_, _, text) = call(&http(), "GET", format!("http://{}/metrics", b.http), "", None).await;
-    let text = text.as_str().unwrap_or_default().to_owned();
+    let text = b.metrics().await;
     assert!(text.contains("floodgate_leases_acquired_total{domain=\"backend\",rule=\"tenant_in_flight\"} 1"), "{text}");
     assert!(text.contains("floodgate_leases_released_total{domain=\"backend\",rule=\"tenant_in_flight\"} 1"), "{text}");
     a.stop().await;

@@ -95,6 +95,12 @@ impl Server {
         Server { grpc, http, admin, dir, stop: Some(tx), task }
     }
 
+    /// Its `/metrics` text.
+    pub(crate) async fn metrics(&self) -> String {
+        let (_, _, text) = call(&http(), "GET", format!("http://{}/metrics", self.http), "", None).await;
+        text.as_str().unwrap_or_default().to_owned()
+    }
+
     pub(crate) async fn grpc(&self) -> RateLimitServiceClient<Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc)).await.unwrap()
     }
@@ -767,9 +773,8 @@ async fn grpc_requests_beyond_max_in_flight_are_shed() {
     }
     assert!(!shed.is_empty(), "2 000 requests at once on one connection, none shed");
     assert!(shed.len() < answers.len(), "everything shed");
-    let c = http();
-    let (_, _, metrics) = call(&c, "GET", format!("http://{}/metrics", s.http), "", None).await;
-    let line = metrics.as_str().unwrap().lines().find(|l| l.starts_with("floodgate_shed_total ")).unwrap().to_owned();
+    let metrics = s.metrics().await;
+    let line = metrics.lines().find(|l| l.starts_with("floodgate_shed_total ")).unwrap().to_owned();
     assert_eq!(line, format!("floodgate_shed_total {}", shed.len()));
     // One at a time: nothing in flight is left over.
     let mut g = g.clone();

@@ -92,8 +92,8 @@ fn with_leases(mut dashboard: Value, leases: &[crate::service::RuleLeases]) -> V
         for r in rules {
             let lease = leases.iter().find(|l| r["domain"] == l.domain.as_str() && r["rule"] == l.rule.as_str());
             if let Some(l) = lease {
-                // (Leases in a shared store: held there, not known here.)
-                r["in_flight"] = if l.shared { Value::Null } else { json!(l.stats.held) };
+                // (null: leases in a shared store, held there, not known here.)
+                r["in_flight"] = json!(l.in_flight());
                 r["concurrency"] = json!(l.concurrency);
                 r["leases_expired"] = json!(l.stats.expired);
             }
