@@ -135,8 +135,46 @@ local function extra(mode)
   return 0
 end
 
+-- A global check's spec "U H S P W R F C Z[ D]" parsed: {{U, H, S, P, W,
+-- R, C, Z, D}, F}, or false. C: hits dead incarnations may have taken
+-- (window algorithms); Z: 1 to admit nothing beyond the algorithm
+-- (bounded: not every peer has recorded this region's incarnation;
+-- eventual: cold); D: the GCRA family's crash debts, "<dead us>:<hits>,..."
+-- ('' for none). Parsed once per distinct spec per call (a batch's checks
+-- mostly share a few rules).
+local specs = {}
+local function spec_of(text)
+  local sp = specs[text]
+  if sp == nil then
+    local u, h, sl, pe, wa, re, fp, ch, cl, de =
+      string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?([%d:,]*)$')
+    sp = false
+    if u then
+      sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
+        tonumber(cl), de }, fp }
+    end
+    specs[text] = sp
+  end
+  return sp
+end
+
+-- Whether a global check of algorithm `code` and spec `text` reads its
+-- G:x only when its state is not marked (lib.lua, `marked`): a window
+-- algorithm with a string state, an eventual rule, no warming cap, no
+-- crash charge and not closed (the common case of every global decision).
+-- The others read G:x in the first MGET, as their caps may need it.
+local function quiet_check(code, text)
+  if code ~= 'fw' and code ~= 'sw' then return false end
+  local sp = spec_of(text)
+  if not sp then return false end
+  local v = sp[1]
+  return v[3] == 0 and v[5] == 0 and v[7] == 0 and v[8] == 0
+end
+
 local a, k = 2, 0
 local fetch, listed = {}, {}
+-- Quiet checks' (state, G:x), read after the states.
+local later = {}
 while a <= #ARGV do
   local t, mode = header(ARGV[a])
   if not t then return bad('bad request header at ARGV[' .. a .. ']') end
@@ -155,10 +193,18 @@ while a <= #ARGV do
     if code == 'cc' and not string.match(ARGV[a + 9 + STRIDE * i], '^[aer]?%x*$') then
       return bad('bad lease operation ' .. ARGV[a + 9 + STRIDE * i] .. ' at ARGV[' .. (a + 9 + STRIDE * i) .. ']')
     end
-    if key and x ~= '' and not listed[x] then
-      -- Global: its G:x too (global.lua).
-      listed[x] = true
-      fetch[#fetch + 1] = x
+    if key and x ~= '' then
+      -- Global: its G:x too (global.lua), now or once its state is read.
+      if quiet_check(code, ARGV[a + 9 + STRIDE * i]) then
+        quiet[key] = x
+        later[#later + 1] = key
+      else
+        loud[key] = true
+        if not listed[x] then
+          listed[x] = true
+          fetch[#fetch + 1] = x
+        end
+      end
     end
   end
   a, k = a + 2 + STRIDE * n, k + n + extra(mode)
@@ -167,6 +213,27 @@ if a ~= #ARGV + 1 or k ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
 end
 prefetch(fetch)
+if #later > 0 then
+  -- A quiet check's G:x is read unless its state is marked (no peers'
+  -- counts): then it is known missing. One state unmarked (or read by a
+  -- loud check) reads a G:x several states share.
+  local need, more = {}, {}
+  for _, s in ipairs(later) do
+    if loud[s] or not marked(raw[s]) then need[quiet[s]] = true end
+  end
+  for _, s in ipairs(later) do
+    local x = quiet[s]
+    if need[x] then
+      if not listed[x] then
+        listed[x] = true
+        more[#more + 1] = x
+      end
+    elseif raw[x] == nil then
+      raw[x] = false
+    end
+  end
+  prefetch(more)
+end
 
 -- Check i of the request whose arguments start at a: its values (no table
 -- per check: this runs for every decision).
@@ -176,30 +243,12 @@ local function check(a, i)
     tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
 end
 
--- Check i's scope: nil for a regional check, else its global spec
--- {U, H, S, P, W, R, C, Z, D}, its fingerprint, its algorithm code and its
--- G:x. C: hits dead incarnations may have taken (window algorithms); Z: 1
--- to admit nothing beyond the algorithm (bounded: not every peer has
--- recorded this region's incarnation; eventual: cold); D: the GCRA
--- family's crash debts, "<dead us>:<hits>,..." ('' for none).
--- Parsed once per distinct spec per call (a batch's checks mostly share
--- a few rules).
-local specs = {}
+-- Check i's scope: nil for a regional check, else its global spec (above),
+-- its fingerprint, its algorithm code and its G:x.
 local function scope(a, i)
   local b = a + 2 + STRIDE * (i - 1)
   if ARGV[b + 6] == '' then return nil end
-  local text = ARGV[b + 7]
-  local sp = specs[text]
-  if sp == nil then
-    local u, h, sl, pe, wa, re, fp, ch, cl, de =
-      string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?([%d:,]*)$')
-    sp = false
-    if u then
-      sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
-        tonumber(cl), de }, fp }
-    end
-    specs[text] = sp
-  end
+  local sp = spec_of(ARGV[b + 7])
   if not sp then return nil end
   return sp[1], sp[2], ARGV[b], ARGV[b + 6]
 end

@@ -467,13 +467,34 @@ local function grefund(key, code, hits, at, spec)
   if c > 0 then redis.call('HSET', f, 'o', int(math.max(c - hits, 0))) end
 end
 
+-- A window key's state S no longer marked "no peers' counts" (lib.lua,
+-- `marked`): its G:x now holds some. Its expiry stays (PTTL, not KEEPTTL:
+-- Redis before 6 has none). (pcall: a name that is not a string state
+-- changes nothing.)
+local function gunmark(s)
+  local v = redis.pcall('GET', s)
+  if type(v) == 'string' and marked(v) then
+    local ttl = redis.call('PTTL', s)
+    if ttl > 0 then
+      redis.call('SET', s, string.sub(v, 2), 'PX', ttl)
+    else
+      redis.call('SET', s, string.sub(v, 2))
+    end
+  end
+end
+
 -- merge: peers' components into this region. KEYS: the items' bases G.
 -- ARGV after the op: now ('' for TIME), this region's name and
 -- incarnation, the sender's name and incarnation, then per item: kind,
--- slot us, horizon, fingerprint, n, and n x (region, incarnation, slot,
--- count, given back). Returns merged, unchanged, stale, mismatched, then the positions
+-- slot us, horizon, fingerprint, the state key S this region decides the
+-- key's rule with, when the caller knows it (its window algorithms'; ''
+-- otherwise), n, and n x (region, incarnation, slot, count, given back).
+-- Returns merged, unchanged, stale, mismatched, then the positions
 -- (1-based) of the items in which a component the sender relays (not its
 -- own current one) raised this region's: to send on to the other peers.
+-- A window key whose G:x holds peers' counts afterwards has its states
+-- unmarked: the one named, and the one G:m records (a rule the caller did
+-- not know, as while two regions' rules differ, once a read recorded it).
 local function gmerge(now)
   local me, my_inc, from, from_inc = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   local merged, unchanged, stale, mismatched = 0, 0, 0, 0
@@ -481,8 +502,9 @@ local function gmerge(now)
   local a = 7
   for i = 1, #KEYS do
     local g = KEYS[i]
-    local kind, u, h, fp, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
-    a = a + 5
+    local kind, u, h, fp, state, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3],
+      ARGV[a + 4], tonumber(ARGV[a + 5])
+    a = a + 6
     local m = g .. ':m'
     local meta = redis.call('HMGET', m, 'K', 'U', 'H', 'F', 'S', 'L', 'W', 'C', 'B')
     local skip = false
@@ -570,6 +592,10 @@ local function gmerge(now)
       end
     end
     if changed then xput(x, e, u, h, now) end
+    if kind == 1 and raw[x] then
+      if state ~= '' then gunmark(state) end
+      if meta[5] and meta[5] ~= state and (meta[8] == 'fw' or meta[8] == 'sw') then gunmark(meta[5]) end
+    end
     if relayed then relay[#relay + 1] = i end
   end
   local out = { merged, unchanged, stale, mismatched }

@@ -96,6 +96,23 @@ local TTL_SLACK_MS = 2
 -- order: the keys written, in order.
 local raw, cached, written, order = {}, {}, {}, {}
 
+-- The "no peers' counts" mark of a global window key's state (global.lua):
+-- a leading 0 on its first number, which every reader of the state,
+-- tonumber and older builds included, reads as the same number ("012 3"
+-- is slot 12, count 3; an older build writes it back unmarked, which only
+-- makes the next decision read G:x). A marked state says that when it
+-- was written its key had no G:x, and every merge that writes G:x
+-- since has removed the mark (gunmark): a decision on an `eventual`
+-- rule then need not read G:x. quiet[S] = the G:x of a state S a call's
+-- checks may decide so; loud[S] when one of them reads G:x whatever the
+-- mark. flush() marks a quiet state whose G:x is missing.
+local quiet, loud = {}, {}
+local function marked(v)
+  if not v or string.byte(v, 1) ~= 48 then return false end
+  local c = string.byte(v, 2)
+  return c ~= nil and c >= 48 and c <= 57
+end
+
 -- Read the states of `keys` (a list without repeats) for numbers(), in
 -- chunks so no call passes Lua's limit on unpacked values.
 local function prefetch(keys)
@@ -144,11 +161,14 @@ local function flush()
   for i = 1, #order do
     local key = order[i]
     local s = cached[key]
+    local x = quiet[key]
+    local mark = ''
+    if x and not loud[key] and raw[x] == false then mark = '0' end
     local v
     if s[3] then
-      v = string.format('%.0f %.0f %.0f', s[1], s[2], s[3])
+      v = string.format('%s%.0f %.0f %.0f', mark, s[1], s[2], s[3])
     else
-      v = string.format('%.0f %.0f', s[1], s[2])
+      v = string.format('%s%.0f %.0f', mark, s[1], s[2])
     end
     redis.call('SET', key, v, 'PX', written[key])
   end

@@ -78,6 +78,11 @@ fn limits() -> Vec<Limit> {
     ]
 }
 
+/// Rules by their fingerprint, as a region gives them to a merge.
+fn rules_of(rules: &[(&Limit, SyncMode)]) -> std::collections::HashMap<u64, Limit> {
+    rules.iter().map(|&(l, m)| (fingerprint(l, m), l.clone())).collect()
+}
+
 fn after(l: Limit) -> Limit {
     l.with_charge(floodgate_core::Charge::After).unwrap()
 }
@@ -155,7 +160,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
                     incarnations: vec![],
                 };
                 t.receive(&batch, now);
-                rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+                rt.block_on(redis.merge(&batch, &rules_of(&[(limit, mode)]), "a", INC_A, Some(now))).unwrap();
             }
             Op::AckAll { dt } => {
                 now += dt;
@@ -305,7 +310,9 @@ fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
     assert_eq!(admitted(&ten, 6, now), (6, 6));
     let batch = from_b("k", &ten, fingerprint(&ten, mode), now, 3);
     t.receive(&batch, now);
-    rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+    // (This region decides by the new limit: a merge of the old one's
+    // fingerprint names no state key.)
+    rt.block_on(redis.merge(&batch, &rules_of(&[(&twenty, mode)]), "a", INC_A, Some(now))).unwrap();
     assert_eq!(admitted(&twenty, 30, now + 1_000), (17, 17), "20 - b's 3; a's own 6 are gone");
 }
 
@@ -390,7 +397,7 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     // A peer's count with another rule's fingerprint is a mismatch.
     let other = Limit::new(Algorithm::FixedWindow, 20, Duration::from_secs(60)).unwrap();
     let batch = from_b("w", &limit, fingerprint(&other, mode), now, 3);
-    let stats = rt.block_on(redis.merge(&batch, "a", INC_A, Some(now))).unwrap();
+    let stats = rt.block_on(redis.merge(&batch, &rules_of(&[(&limit, mode)]), "a", INC_A, Some(now))).unwrap();
     assert_eq!((stats.merged, stats.mismatched), (1, 1));
     let check = Check {
         key: "w",
@@ -405,6 +412,77 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     let d = out.pop().unwrap().unwrap();
     assert!(!d.allowed, "4 own + 3 of b's + 4 > 10");
     assert_eq!(d.remaining, 3);
+}
+
+/// A window key no peer counts for is decided without reading its `G:x`:
+/// the decision marks its state (a leading 0, read as the same number) and
+/// the next ones read the state alone; a merge that brings peers' counts
+/// unmarks it, by the name the region's rules give or by the one `G:m`
+/// records; an unmarked state (an older build's) reads `G:x`.
+#[test]
+fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    let mode = SyncMode::Eventual;
+    let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
+    let now = T0 + 1_000;
+    let decide = |key: &str, hits: u64| {
+        let check =
+            Check { key, limit: &limit, hits, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(mode) };
+        let mut out = Vec::new();
+        rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+        out.pop().unwrap().unwrap()
+    };
+    let cmd = |args: &[&str]| -> redis::Value {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        rt.block_on(redis.raw(&c)).unwrap()
+    };
+    let text = |v: redis::Value| -> String { redis::FromRedisValue::from_redis_value(v).unwrap_or_default() };
+    let state =
+        |key: &str| text(cmd(&["GET", &floodgate_redis::script::redis_key(&redis.config().key_prefix, key, &limit)]));
+    let misses = || -> u64 {
+        let info = text(cmd(&["INFO", "stats"]));
+        info.lines().find_map(|l| l.strip_prefix("keyspace_misses:")).unwrap().trim().parse().unwrap()
+    };
+    let slot = now / 60_000_000;
+    for _ in 0..4 {
+        assert!(decide("q", 1).allowed);
+    }
+    assert_eq!(state("q"), format!("0{slot} 4"), "marked: no peers' counts");
+    cmd(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(decide("q", 1).remaining, 5);
+    assert_eq!(misses(), 0, "the decision read its state alone");
+    // b's 3 arrive: the merge names the state by the region's rule.
+    let batch = from_b("q", &limit, fingerprint(&limit, mode), now, 3);
+    rt.block_on(redis.merge(&batch, &rules_of(&[(&limit, mode)]), "a", INC_A, Some(now))).unwrap();
+    assert_eq!(state("q"), format!("{slot} 5"), "unmarked, its count kept");
+    let d = decide("q", 4);
+    assert!(!d.allowed, "5 own + 3 of b's + 4 > 10");
+    assert_eq!(d.remaining, 2);
+    assert_eq!(state("q"), format!("{slot} 5"), "G:x holds b's count: not marked again");
+
+    // A merge that cannot name the state (the region's rule differs from
+    // b's) unmarks the one G:m records, once a read recorded it.
+    assert!(decide("r", 2).allowed);
+    let mut regions = vec!["a".to_owned()];
+    rt.block_on(redis.read_global(&["r".to_owned()], &[Some((&limit, mode))], &[], INC_A, &mut regions, Some(now)))
+        .unwrap();
+    let batch = from_b("r", &limit, fingerprint(&limit, mode) ^ 1, now, 3);
+    rt.block_on(redis.merge(&batch, &rules_of(&[(&limit, mode)]), "a", INC_A, Some(now))).unwrap();
+    assert_eq!(state("r"), format!("{slot} 2"));
+    assert_eq!(decide("r", 1).remaining, 4, "10 - 2 - 3 of b's - 1");
+
+    // An unmarked state (as an older build writes it) reads G:x.
+    assert!(decide("o", 2).allowed);
+    let batch = from_b("o", &limit, fingerprint(&limit, mode), now, 3);
+    rt.block_on(redis.merge(&batch, &Default::default(), "a", INC_A, Some(now))).unwrap();
+    assert_eq!(state("o"), format!("0{slot} 2"), "not named, none recorded: still marked");
+    cmd(&["SET", &floodgate_redis::script::redis_key(&redis.config().key_prefix, "o", &limit), &format!("{slot} 2")]);
+    assert_eq!(decide("o", 1).remaining, 4, "10 - 2 - 3 of b's - 1");
 }
 
 /// What a dead incarnation costs, and the gate of a new one, decide alike

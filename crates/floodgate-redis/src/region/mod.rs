@@ -97,6 +97,9 @@ pub struct RedisRegion {
     /// The loaded global rules, by their limit's fingerprint as state keys
     /// end in it (a full state's listing finds their keys by it).
     global_rules: RwLock<HashMap<String, (Limit, SyncMode)>>,
+    /// The same by `fingerprint(limit, mode)`, as batches carry it (a merge
+    /// names the keys' state keys by it).
+    by_fingerprint: RwLock<Arc<HashMap<u64, Limit>>>,
 }
 
 impl std::fmt::Debug for RedisRegion {
@@ -128,6 +131,7 @@ impl RedisRegion {
             warmup_us: cfg.warmup_us,
             record,
             global_rules: RwLock::new(HashMap::new()),
+            by_fingerprint: RwLock::new(Arc::default()),
             name: cfg.region.clone(),
             peers: cfg.peers.clone(),
             store: RedisStore::regional(redis, ctx)?,
@@ -232,7 +236,10 @@ impl RedisRegion {
     /// state's listing finds their keys by their state keys' names, so hits
     /// an instance admitted and died before sending are not lost.
     pub fn set_rules(&self, rules: impl IntoIterator<Item = (Limit, SyncMode)>) {
-        let map = rules.into_iter().map(|(l, m)| (format!("{:08x}", l.fingerprint()), (l, m))).collect();
+        let map: HashMap<String, (Limit, SyncMode)> =
+            rules.into_iter().map(|(l, m)| (format!("{:08x}", l.fingerprint()), (l, m))).collect();
+        *self.by_fingerprint.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(map.values().map(|(l, m)| (fingerprint(l, *m), l.clone())).collect());
         *self.global_rules.write().unwrap_or_else(PoisonError::into_inner) = map;
     }
 
@@ -675,7 +682,8 @@ impl Region for RedisRegion {
         if incarnation == 0 {
             return Err(StoreError::Unavailable("this region's Redis is not answering".into()));
         }
-        let stats = self.store.merge(&batch, &self.name, incarnation, None).await?;
+        let rules = self.by_fingerprint.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let stats = self.store.merge(&batch, &rules, &self.name, incarnation, None).await?;
         self.learn(&batch, now).await?;
         {
             let mut t = lock(&self.merges);

@@ -4,6 +4,8 @@
 //! gives what to send, [`RedisStore::ack_global`] records what a peer
 //! acknowledged. Moving them between regions is [`super::RedisRegion`]'s.
 
+use std::collections::HashMap;
+
 use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of};
 use floodgate_core::{Algorithm, Limit, StoreError};
 use redis::cluster_routing::Slot;
@@ -86,10 +88,16 @@ impl RedisStore {
 
     /// Store a peer's batch: each component merged by maximum (GCRA
     /// debt poured into the bucket), this region's own current component
-    /// skipped. `now`: `None` for Redis `TIME`.
+    /// skipped. `rules`: this region's global rules by their fingerprint
+    /// (`fingerprint(limit, mode)`, as items carry it), so the merge names
+    /// the state keys of its window rules: a decision on a state marked as
+    /// having no peers' counts does not read them (`scripts/lib.lua`,
+    /// `marked`), and the merge that brings some removes the mark. `now`:
+    /// `None` for Redis `TIME`.
     pub async fn merge(
         &self,
         batch: &Batch,
+        rules: &HashMap<u64, Limit>,
         me: &str,
         incarnation: u64,
         now: Option<u64>,
@@ -113,6 +121,12 @@ impl RedisStore {
                     Shape::Gcra { slot_us } => (2, slot_us, item.shape.horizon()),
                 };
                 args.extend([kind.to_string(), u.to_string(), h.to_string(), item.fingerprint.to_string()]);
+                args.push(match rules.get(&item.fingerprint) {
+                    Some(l) if matches!(l.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow) => {
+                        redis_key(&self.config().key_prefix, &item.key, l)
+                    }
+                    _ => String::new(),
+                });
                 args.push(item.components.len().to_string());
                 for c in &item.components {
                     let region = batch.regions.get(c.region as usize).cloned().unwrap_or_default();
