@@ -107,6 +107,7 @@ local raw, cached, written, order = {}, {}, {}, {}
 -- checks may decide so; loud[S] when one of them reads G:x whatever the
 -- mark. flush() marks a quiet state whose G:x is missing.
 local quiet, loud = {}, {}
+local MARK_KEEP_MS = 1000
 local function marked(v)
   if not v or string.byte(v, 1) ~= 48 then return false end
   local c = string.byte(v, 2)
@@ -162,15 +163,20 @@ local function flush()
     local key = order[i]
     local s = cached[key]
     local x = quiet[key]
-    local mark = ''
-    if x and not loud[key] and raw[x] == false then mark = '0' end
+    local mark, px = '', written[key]
+    if x and not loud[key] and raw[x] == false then
+      -- Marked, and kept a second past its end, so the first decision of
+      -- the key's next window still finds the mark (its count then
+      -- starts at 0 as the window's does, and no G:x is read).
+      mark, px = '0', px + MARK_KEEP_MS
+    end
     local v
     if s[3] then
       v = string.format('%s%.0f %.0f %.0f', mark, s[1], s[2], s[3])
     else
       v = string.format('%s%.0f %.0f', mark, s[1], s[2])
     end
-    redis.call('SET', key, v, 'PX', written[key])
+    redis.call('SET', key, v, 'PX', px)
   end
 end
 

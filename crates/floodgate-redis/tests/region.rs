@@ -427,13 +427,14 @@ fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
     let mode = SyncMode::Eventual;
     let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
     let now = T0 + 1_000;
-    let decide = |key: &str, hits: u64| {
+    let decide_at = |key: &str, hits: u64, now: u64| {
         let check =
             Check { key, limit: &limit, hits, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(mode) };
         let mut out = Vec::new();
         rt.block_on(redis.apply_all_at(&[check], now, &mut out));
         out.pop().unwrap().unwrap()
     };
+    let decide = |key: &str, hits: u64| decide_at(key, hits, now);
     let cmd = |args: &[&str]| -> redis::Value {
         let mut c = redis::cmd(args[0]);
         for a in &args[1..] {
@@ -453,9 +454,21 @@ fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
         assert!(decide("q", 1).allowed);
     }
     assert_eq!(state("q"), format!("0{slot} 4"), "marked: no peers' counts");
+    let pttl = |key: &str| -> i64 {
+        let v = cmd(&["PTTL", &floodgate_redis::script::redis_key(&redis.config().key_prefix, key, &limit)]);
+        redis::FromRedisValue::from_redis_value(v).unwrap()
+    };
+    // (A given time keeps keys an hour late: Redis expires on its clock.)
+    let window_end_ms = i64::try_from((slot + 1) * 60_000 - now / 1_000).unwrap() + 3_600_000;
+    assert!(pttl("q") > window_end_ms + 500, "kept a second past the window's end: {} ms", pttl("q"));
     cmd(&["CONFIG", "RESETSTAT"]);
     assert_eq!(decide("q", 1).remaining, 5);
     assert_eq!(misses(), 0, "the decision read its state alone");
+    // The next window's first decision finds the mark (and a count of 0).
+    assert!(decide("n", 3).allowed);
+    cmd(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(decide_at("n", 1, (slot + 1) * 60_000_000 + 100_000).remaining, 9);
+    assert_eq!(misses(), 0, "the mark outlived the window");
     // b's 3 arrive: the merge names the state by the region's rule.
     let batch = from_b("q", &limit, fingerprint(&limit, mode), now, 3);
     rt.block_on(redis.merge(&batch, &rules_of(&[(&limit, mode)]), "a", INC_A, Some(now))).unwrap();
