@@ -150,8 +150,10 @@ local function spec_of(text)
       string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?([%d:,]*)$')
     sp = false
     if u then
-      sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
-        tonumber(cl), de }, fp }
+      local v = { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
+        tonumber(cl), de }
+      -- [3]: whether a window algorithm's check may skip G:x (below).
+      sp = { v, fp, v[3] == 0 and v[5] == 0 and v[7] == 0 and v[8] == 0 }
     end
     specs[text] = sp
   end
@@ -166,9 +168,7 @@ end
 local function quiet_check(code, text)
   if code ~= 'fw' and code ~= 'sw' then return false end
   local sp = spec_of(text)
-  if not sp then return false end
-  local v = sp[1]
-  return v[3] == 0 and v[5] == 0 and v[7] == 0 and v[8] == 0
+  return sp and sp[3]
 end
 
 local a, k = 2, 0
@@ -215,15 +215,13 @@ end
 prefetch(fetch)
 if #later > 0 then
   -- A quiet check's G:x is read unless its state is marked (no peers'
-  -- counts): then it is known missing. One state unmarked (or read by a
-  -- loud check) reads a G:x several states share.
-  local need, more = {}, {}
-  for _, s in ipairs(later) do
-    if loud[s] or not marked(raw[s]) then need[quiet[s]] = true end
-  end
+  -- counts): then it is known missing. (A G:x several states share is
+  -- read when one of them is unmarked, or read by a loud check: the read
+  -- replaces a `false` another one's mark left.)
+  local more = {}
   for _, s in ipairs(later) do
     local x = quiet[s]
-    if need[x] then
+    if loud[s] or not marked(raw[s]) then
       if not listed[x] then
         listed[x] = true
         more[#more + 1] = x
@@ -232,7 +230,7 @@ if #later > 0 then
       raw[x] = false
     end
   end
-  prefetch(more)
+  if #more > 0 then prefetch(more) end
 end
 
 -- Check i of the request whose arguments start at a: its values (no table

@@ -109,9 +109,9 @@ local raw, cached, written, order = {}, {}, {}, {}
 local quiet, loud = {}, {}
 local MARK_KEEP_MS = 1000
 local function marked(v)
-  if not v or string.byte(v, 1) ~= 48 then return false end
-  local c = string.byte(v, 2)
-  return c ~= nil and c >= 48 and c <= 57
+  if not v then return false end
+  local a, b = string.byte(v, 1, 2)
+  return a == 48 and b ~= nil and b >= 48 and b <= 57
 end
 
 -- Read the states of `keys` (a list without repeats) for numbers(), in
@@ -172,10 +172,11 @@ local function flush()
     end
     local v
     if s[3] then
-      v = string.format('%s%.0f %.0f %.0f', mark, s[1], s[2], s[3])
+      v = string.format('%.0f %.0f %.0f', s[1], s[2], s[3])
     else
-      v = string.format('%s%.0f %.0f', mark, s[1], s[2])
+      v = string.format('%.0f %.0f', s[1], s[2])
     end
+    if mark ~= '' then v = mark .. v end
     redis.call('SET', key, v, 'PX', px)
   end
 end
