@@ -167,14 +167,15 @@ end
 -- The others read G:x in the first MGET, as their caps may need it.
 local function quiet_check(code, text)
   if code ~= 'fw' and code ~= 'sw' then return false end
-  local sp = spec_of(text)
+  local sp = specs[text]
+  if sp == nil then sp = spec_of(text) end
   return sp and sp[3]
 end
 
 local a, k = 2, 0
 local fetch, listed = {}, {}
--- Quiet checks' (state, G:x), read after the states.
-local later = {}
+-- Whether a quiet check came (its state and G:x in `quiet`).
+local any_quiet = false
 while a <= #ARGV do
   local t, mode = header(ARGV[a])
   if not t then return bad('bad request header at ARGV[' .. a .. ']') end
@@ -197,7 +198,7 @@ while a <= #ARGV do
       -- Global: its G:x too (global.lua), now or once its state is read.
       if quiet_check(code, ARGV[a + 9 + STRIDE * i]) then
         quiet[key] = x
-        later[#later + 1] = key
+        any_quiet = true
       else
         loud[key] = true
         if not listed[x] then
@@ -213,14 +214,13 @@ if a ~= #ARGV + 1 or k ~= #KEYS then
   return bad('the arguments describe ' .. k .. ' checks in ' .. (a - 1) .. ' values, but ' .. #KEYS .. ' keys and ' .. #ARGV .. ' values came')
 end
 prefetch(fetch)
-if #later > 0 then
+if any_quiet then
   -- A quiet check's G:x is read unless its state is marked (no peers'
   -- counts): then it is known missing. (A G:x several states share is
   -- read when one of them is unmarked, or read by a loud check: the read
   -- replaces a `false` another one's mark left.)
   local more = {}
-  for _, s in ipairs(later) do
-    local x = quiet[s]
+  for s, x in pairs(quiet) do
     if loud[s] or not marked(raw[s]) then
       if not listed[x] then
         listed[x] = true

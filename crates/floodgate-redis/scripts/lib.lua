@@ -163,20 +163,20 @@ local function flush()
     local key = order[i]
     local s = cached[key]
     local x = quiet[key]
-    local mark, px = '', written[key]
-    if x and not loud[key] and raw[x] == false then
+    local px = written[key]
+    local f2, f3 = '%.0f %.0f', '%.0f %.0f %.0f'
+    if x and raw[x] == false and not loud[key] then
       -- Marked, and kept a second past its end, so the first decision of
       -- the key's next window still finds the mark (its count then
       -- starts at 0 as the window's does, and no G:x is read).
-      mark, px = '0', px + MARK_KEEP_MS
+      f2, f3, px = '0%.0f %.0f', '0%.0f %.0f %.0f', px + MARK_KEEP_MS
     end
     local v
     if s[3] then
-      v = string.format('%.0f %.0f %.0f', s[1], s[2], s[3])
+      v = string.format(f3, s[1], s[2], s[3])
     else
-      v = string.format('%.0f %.0f', s[1], s[2])
+      v = string.format(f2, s[1], s[2])
     end
-    if mark ~= '' then v = mark .. v end
     redis.call('SET', key, v, 'PX', px)
   end
 end
