@@ -9,7 +9,7 @@ use std::time::Duration;
 use floodgate_core::region::{
     Batch, Component, GlobalTable, Item, RegionConfig, Scope, SyncMode, fingerprint, shape_of,
 };
-use floodgate_core::{Algorithm, Check, Limit};
+use floodgate_core::{Algorithm, Check, Decision, Limit};
 use floodgate_redis::{RedisConfig, RedisStore, RegionCtx};
 use floodgate_testing::RedisServer;
 use proptest::prelude::*;
@@ -76,6 +76,30 @@ fn limits() -> Vec<Limit> {
         after(Limit::new(Algorithm::SlidingWindow, 30, s).unwrap()),
         after(Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, s).unwrap()),
     ]
+}
+
+/// A Redis server, a runtime and a store made region a's on it.
+fn started() -> (RedisServer, tokio::runtime::Runtime, RedisStore) {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let redis = store(&server.url());
+    (server, rt, redis)
+}
+
+/// `hits` taken on `key` at `now` by the Redis region's global decision.
+fn take(
+    rt: &tokio::runtime::Runtime,
+    redis: &RedisStore,
+    key: &str,
+    limit: &Limit,
+    mode: SyncMode,
+    hits: u64,
+    now: u64,
+) -> Decision {
+    let check = Check { key, limit, hits, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(mode) };
+    let mut out = Vec::new();
+    rt.block_on(redis.apply_all_at(&[check], now, &mut out));
+    out.pop().unwrap().unwrap()
 }
 
 /// Rules by their fingerprint, as a region gives them to a merge.
@@ -230,9 +254,7 @@ fn run(redis: &RedisStore, rt: &tokio::runtime::Runtime, key: &str, limit: &Limi
 
 #[test]
 fn a_redis_region_decides_as_a_memory_region() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (_server, rt, redis) = started();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         // PROPTEST_CASES=N for a longer hunt (24 in CI).
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
@@ -280,9 +302,7 @@ fn from_b(key: &str, limit: &Limit, fp: u64, now: u64, count: u64) -> Batch {
 /// peers' counts, in a Redis region as in a memory region.
 #[test]
 fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (_server, rt, redis) = started();
     let t = table();
     let mode = SyncMode::Eventual;
     let s = Duration::from_secs(60);
@@ -293,17 +313,7 @@ fn a_changed_limit_starts_fresh_as_in_a_memory_region() {
         let (mut mem, mut red) = (0, 0);
         for _ in 0..n {
             mem += u64::from(t.apply("k", limit, mode, 1, now).unwrap().allowed);
-            let check = Check {
-                key: "k",
-                limit,
-                hits: 1,
-                op: floodgate_core::Op::Take,
-                enforce: true,
-                scope: Scope::Global(mode),
-            };
-            let mut out = Vec::new();
-            rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-            red += u64::from(out.pop().unwrap().unwrap().allowed);
+            red += u64::from(take(&rt, &redis, "k", limit, mode, 1, now).allowed);
         }
         (mem, red)
     };
@@ -356,24 +366,12 @@ fn a_scan_lists_every_primarys_keys() {
 /// a later read without the rule reads by the recorded one.
 #[test]
 fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (_server, rt, redis) = started();
     let mode = SyncMode::Eventual;
     let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
     let now = T0 + 1_000;
     for _ in 0..4 {
-        let check = Check {
-            key: "w",
-            limit: &limit,
-            hits: 1,
-            op: floodgate_core::Op::Take,
-            enforce: true,
-            scope: Scope::Global(mode),
-        };
-        let mut out = Vec::new();
-        rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-        assert!(out.pop().unwrap().unwrap().allowed);
+        assert!(take(&rt, &redis, "w", &limit, mode, 1, now).allowed);
     }
     let keys = |pattern: &str| -> Vec<String> {
         let mut cmd = redis::cmd("KEYS");
@@ -399,17 +397,7 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
     let batch = from_b("w", &limit, fingerprint(&other, mode), now, 3);
     let stats = rt.block_on(redis.merge(&batch, &rules_of(&[(&limit, mode)]), "a", INC_A, Some(now))).unwrap();
     assert_eq!((stats.merged, stats.mismatched), (1, 1));
-    let check = Check {
-        key: "w",
-        limit: &limit,
-        hits: 4,
-        op: floodgate_core::Op::Take,
-        enforce: true,
-        scope: Scope::Global(mode),
-    };
-    let mut out = Vec::new();
-    rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-    let d = out.pop().unwrap().unwrap();
+    let d = take(&rt, &redis, "w", &limit, mode, 4, now);
     assert!(!d.allowed, "4 own + 3 of b's + 4 > 10");
     assert_eq!(d.remaining, 3);
 }
@@ -421,32 +409,15 @@ fn a_window_keys_rule_is_recorded_by_the_read_not_the_decision() {
 /// records; an unmarked state (an older build's) reads `G:x`.
 #[test]
 fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (server, rt, redis) = started();
     let mode = SyncMode::Eventual;
     let limit = Limit::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)).unwrap();
     let now = T0 + 1_000;
-    let decide_at = |key: &str, hits: u64, now: u64| {
-        let check =
-            Check { key, limit: &limit, hits, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(mode) };
-        let mut out = Vec::new();
-        rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-        out.pop().unwrap().unwrap()
-    };
-    let decide = |key: &str, hits: u64| decide_at(key, hits, now);
-    let cmd = |args: &[&str]| -> redis::Value {
-        let mut c = redis::cmd(args[0]);
-        for a in &args[1..] {
-            c.arg(*a);
-        }
-        rt.block_on(redis.raw(&c)).unwrap()
-    };
-    let text = |v: redis::Value| -> String { redis::FromRedisValue::from_redis_value(v).unwrap_or_default() };
-    let state =
-        |key: &str| text(cmd(&["GET", &floodgate_redis::script::redis_key(&redis.config().key_prefix, key, &limit)]));
+    let decide = |key: &str, hits: u64| take(&rt, &redis, key, &limit, mode, hits, now);
+    let name = |key: &str| floodgate_redis::script::redis_key(&redis.config().key_prefix, key, &limit);
+    let state = |key: &str| server.cli(&["GET", &name(key)]).trim().to_owned();
     let misses = || -> u64 {
-        let info = text(cmd(&["INFO", "stats"]));
+        let info = server.cli(&["INFO", "stats"]);
         info.lines().find_map(|l| l.strip_prefix("keyspace_misses:")).unwrap().trim().parse().unwrap()
     };
     let slot = now / 60_000_000;
@@ -454,20 +425,17 @@ fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
         assert!(decide("q", 1).allowed);
     }
     assert_eq!(state("q"), format!("0{slot} 4"), "marked: no peers' counts");
-    let pttl = |key: &str| -> i64 {
-        let v = cmd(&["PTTL", &floodgate_redis::script::redis_key(&redis.config().key_prefix, key, &limit)]);
-        redis::FromRedisValue::from_redis_value(v).unwrap()
-    };
+    let pttl = |key: &str| -> i64 { server.cli(&["PTTL", &name(key)]).trim().parse().unwrap() };
     // (A given time keeps keys an hour late: Redis expires on its clock.)
     let window_end_ms = i64::try_from((slot + 1) * 60_000 - now / 1_000).unwrap() + 3_600_000;
     assert!(pttl("q") > window_end_ms + 500, "kept a second past the window's end: {} ms", pttl("q"));
-    cmd(&["CONFIG", "RESETSTAT"]);
+    server.cli(&["CONFIG", "RESETSTAT"]);
     assert_eq!(decide("q", 1).remaining, 5);
     assert_eq!(misses(), 0, "the decision read its state alone");
     // The next window's first decision finds the mark (and a count of 0).
     assert!(decide("n", 3).allowed);
-    cmd(&["CONFIG", "RESETSTAT"]);
-    assert_eq!(decide_at("n", 1, (slot + 1) * 60_000_000 + 100_000).remaining, 9);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(take(&rt, &redis, "n", &limit, mode, 1, (slot + 1) * 60_000_000 + 100_000).remaining, 9);
     assert_eq!(misses(), 0, "the mark outlived the window");
     // b's 3 arrive: the merge names the state by the region's rule.
     let batch = from_b("q", &limit, fingerprint(&limit, mode), now, 3);
@@ -494,7 +462,7 @@ fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
     let batch = from_b("o", &limit, fingerprint(&limit, mode), now, 3);
     rt.block_on(redis.merge(&batch, &Default::default(), "a", INC_A, Some(now))).unwrap();
     assert_eq!(state("o"), format!("0{slot} 2"), "not named, none recorded: still marked");
-    cmd(&["SET", &floodgate_redis::script::redis_key(&redis.config().key_prefix, "o", &limit), &format!("{slot} 2")]);
+    server.cli(&["SET", &name("o"), &format!("{slot} 2")]);
     assert_eq!(decide("o", 1).remaining, 4, "10 - 2 - 3 of b's - 1");
 }
 
@@ -525,17 +493,7 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         deaths.learn(2, 21, T0);
         let decide = |hits: u64, now: u64| {
             let mem = t.apply("k", limit, bounded, hits, now).unwrap();
-            let check = Check {
-                key: "k",
-                limit,
-                hits,
-                op: floodgate_core::Op::Take,
-                enforce: true,
-                scope: Scope::Global(bounded),
-            };
-            let mut out = Vec::new();
-            rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-            let red = out.pop().unwrap().unwrap();
+            let red = take(&rt, &redis, "k", limit, bounded, hits, now);
             assert_eq!(
                 (red.allowed, red.remaining, red.retry_after),
                 (mem.allowed, mem.remaining, mem.retry_after),
@@ -560,17 +518,7 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         // A new incarnation of this region: not recorded by its peers yet.
         recorded.store(false, std::sync::atomic::Ordering::Release);
         let fresh = table_with(|cfg| cfg.incarnation = INC_A + 1, false);
-        let check = Check {
-            key: "k2",
-            limit,
-            hits: 1,
-            op: floodgate_core::Op::Take,
-            enforce: true,
-            scope: Scope::Global(bounded),
-        };
-        let mut out = Vec::new();
-        rt.block_on(redis.apply_all_at(&[check], now + 2_000_000, &mut out));
-        let red = out.pop().unwrap().unwrap();
+        let red = take(&rt, &redis, "k2", limit, bounded, 1, now + 2_000_000);
         let mem = fresh.apply("k2", limit, bounded, 1, now + 2_000_000).unwrap();
         assert_eq!((red.allowed, red.retry_after), (false, Some(Duration::from_millis(200))));
         assert_eq!((mem.allowed, mem.retry_after), (red.allowed, red.retry_after));
@@ -581,18 +529,13 @@ fn crash_charges_and_the_gates_decide_as_in_a_memory_region() {
         cold_until.store(at + 1_000_000, std::sync::atomic::Ordering::Release);
         let cold = GlobalTable::new(RegionConfig::new("a", vec!["b".into(), "c".into()], INC_A + 2)).unwrap();
         let e = SyncMode::Eventual;
-        let check =
-            Check { key: "k3", limit, hits: 1, op: floodgate_core::Op::Take, enforce: true, scope: Scope::Global(e) };
-        let mut out = Vec::new();
-        rt.block_on(redis.apply_all_at(&[check], at, &mut out));
-        let red = out.pop().unwrap().unwrap();
+        let red = take(&rt, &redis, "k3", limit, e, 1, at);
         let mem = cold.apply("k3", limit, e, 1, at).unwrap();
         assert_eq!((red.allowed, red.remaining, red.retry_after), (mem.allowed, mem.remaining, mem.retry_after));
         assert!(!red.allowed);
         // After the wait: its share while warming.
         let later = at + 1_000_000;
-        rt.block_on(redis.apply_all_at(&[check], later, &mut out));
-        let red = out.pop().unwrap().unwrap();
+        let red = take(&rt, &redis, "k3", limit, e, 1, later);
         let mem = cold.apply("k3", limit, e, 1, later).unwrap();
         assert_eq!((red.allowed, red.remaining, red.retry_after), (mem.allowed, mem.remaining, mem.retry_after));
         assert!(red.allowed);
@@ -633,23 +576,11 @@ fn table_with(change: impl FnOnce(&mut RegionConfig), recorded: bool) -> GlobalT
 /// script again, which records it anew.
 #[test]
 fn a_recorded_window_key_is_read_without_the_script_until_its_record_is_due() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (server, rt, redis) = started();
     let mode = SyncMode::Eventual;
     let limit = Limit::new(Algorithm::SlidingWindow, 100, Duration::from_secs(3_600)).unwrap();
     let now = T0 + 1_000;
-    let check = Check {
-        key: "v",
-        limit: &limit,
-        hits: 3,
-        op: floodgate_core::Op::Take,
-        enforce: true,
-        scope: Scope::Global(mode),
-    };
-    let mut out = Vec::new();
-    rt.block_on(redis.apply_all_at(&[check], now, &mut out));
-    assert!(out.pop().unwrap().unwrap().allowed);
+    assert!(take(&rt, &redis, "v", &limit, mode, 3, now).allowed);
     let scripts = || -> u64 {
         let info = server.cli(&["INFO", "commandstats"]);
         let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")).unwrap_or("");
@@ -683,9 +614,7 @@ fn a_recorded_window_key_is_read_without_the_script_until_its_record_is_due() {
 /// memory region (a Redis region kept the first one's time; CI found it).
 #[test]
 fn pending_debt_given_back_whole_starts_again_when_it_next_comes() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let redis = store(&server.url());
+    let (_server, rt, redis) = started();
     let limit = Limit::new(Algorithm::Gcra { burst: Some(20) }, 30, Duration::from_secs(2)).unwrap();
     let ops = [
         Op::Remote { dt: 0, peer: 0, back: 0, add: 1, give: 1 },
