@@ -167,8 +167,7 @@ end
 -- The others read G:x in the first MGET, as their caps may need it.
 local function quiet_check(code, text)
   if code ~= 'fw' and code ~= 'sw' then return false end
-  local sp = specs[text]
-  if sp == nil then sp = spec_of(text) end
+  local sp = spec_of(text)
   return sp and sp[3]
 end
 
