@@ -150,30 +150,17 @@ local function spec_of(text)
       string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?([%d:,]*)$')
     sp = false
     if u then
-      local v = { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
-        tonumber(cl), de }
-      -- [3]: whether a window algorithm's check may skip G:x (below).
-      sp = { v, fp, v[3] == 0 and v[5] == 0 and v[7] == 0 and v[8] == 0 }
+      sp = { { tonumber(u), tonumber(h), tonumber(sl), tonumber(pe), tonumber(wa), tonumber(re), tonumber(ch),
+        tonumber(cl), de }, fp }
     end
     specs[text] = sp
   end
   return sp
 end
 
--- Whether a global check of algorithm `code` and spec `text` reads its
--- G:x only when its state is not marked (lib.lua, `marked`): a window
--- algorithm with a string state, an eventual rule, no warming cap, no
--- crash charge and not closed (the common case of every global decision).
--- The others read G:x in the first MGET, as their caps may need it.
-local function quiet_check(code, text)
-  if code ~= 'fw' and code ~= 'sw' then return false end
-  local sp = spec_of(text)
-  return sp and sp[3]
-end
-
 local a, k = 2, 0
 local fetch, listed = {}, {}
--- Whether a quiet check came (its state and G:x in `quiet`).
+-- Whether a quiet check came (its state in `quiet`).
 local any_quiet = false
 while a <= #ARGV do
   local t, mode = header(ARGV[a])
@@ -195,8 +182,17 @@ while a <= #ARGV do
     end
     if key and x ~= '' then
       -- Global: its G:x too (global.lua), now or once its state is read.
-      if quiet_check(code, ARGV[a + 9 + STRIDE * i]) then
-        quiet[key] = x
+      -- A quiet check (G:x '=': the instance sends it for a window
+      -- algorithm with a string state, an eventual rule, no warming cap, no
+      -- crash charge and not closed: the common case of every global
+      -- decision) reads G:x only when its state is not marked (lib.lua,
+      -- `quiet`), and names it then (gbase): most never do. The others
+      -- read it in the first MGET, as their caps may need it.
+      if x == '=' then
+        if code ~= 'fw' and code ~= 'sw' then
+          return bad('a quiet global check of ' .. code .. ' at ARGV[' .. (a + 8 + STRIDE * i) .. ']: only fw and sw')
+        end
+        quiet[key] = true
         any_quiet = true
       else
         loud[key] = true
@@ -215,18 +211,17 @@ end
 prefetch(fetch)
 if any_quiet then
   -- A quiet check's G:x is read unless its state is marked (no peers'
-  -- counts): then it is known missing. (A G:x several states share is
-  -- read when one of them is unmarked, or read by a loud check: the read
-  -- replaces a `false` another one's mark left.)
+  -- counts): then it is known missing, and left unnamed and unread (the
+  -- decision skips it, flush marks the state again).
   local more = {}
-  for s, x in pairs(quiet) do
+  for s in pairs(quiet) do
     if loud[s] or not marked(raw[s]) then
+      local x = gbase(s) .. ':x'
+      quiet[s] = x
       if not listed[x] then
         listed[x] = true
         more[#more + 1] = x
       end
-    elseif raw[x] == nil then
-      raw[x] = false
     end
   end
   if #more > 0 then prefetch(more) end
@@ -240,21 +235,23 @@ local function check(a, i)
     tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
 end
 
--- Check i's scope: nil for a regional check, else its global spec (above),
--- its fingerprint, its algorithm code and its G:x.
+-- Check i's scope: its global spec (above) and fingerprint, nil for a
+-- regional check; its algorithm code and its G:x (or ''); its lease
+-- operation (a concurrency check's, else nil). One call with the spec's
+-- lookup inline: in Redis's Lua a call costs what a table lookup does
+-- several times over, and this runs for every check.
 local function scope(a, i)
   local b = a + 2 + STRIDE * (i - 1)
-  if ARGV[b + 6] == '' then return nil end
-  local sp = spec_of(ARGV[b + 7])
-  if not sp then return nil end
-  return sp[1], sp[2], ARGV[b], ARGV[b + 6]
-end
-
--- Check i's lease operation (a concurrency check's), else nil.
-local function lease_op(a, i)
-  local b = a + 2 + STRIDE * (i - 1)
-  if ARGV[b] ~= 'cc' or ARGV[b + 7] == '' then return nil end
-  return ARGV[b + 7]
+  local code, x = ARGV[b], ARGV[b + 6]
+  if x == '' then
+    if code == 'cc' and ARGV[b + 7] ~= '' then return nil, nil, code, x, ARGV[b + 7] end
+    return nil, nil, code, x, nil
+  end
+  local text = ARGV[b + 7]
+  local sp = specs[text]
+  if sp == nil then sp = spec_of(text) end
+  if not sp then return nil, nil, code, x, nil end
+  return sp[1], sp[2], code, x, nil
 end
 
 -- A concurrency check's lease operation `lop` (see the header).
@@ -422,8 +419,8 @@ while a <= #ARGV do
   elseif refunding then
     for i = 1, n do
       local alg, l, w, p, hits, at = check(a, i)
-      local spec, _, code = scope(a, i)
-      refund(KEYS[k + i], alg, l, w, p, hits, at, now, spec, code, lease_op(a, i))
+      local spec, _, code, _, lop = scope(a, i)
+      refund(KEYS[k + i], alg, l, w, p, hits, at, now, spec, code, lop)
     end
   else
     local head = o + 1
@@ -432,13 +429,13 @@ while a <= #ARGV do
     local denied = false
     for i = 1, n do
       local alg, l, w, p, hits, flag = check(a, i)
-      local spec, fp, code, x = scope(a, i)
+      local spec, fp, code, x, lop = scope(a, i)
       local allowed, remaining, reset, retry, delay
       -- A flag of 2^32 or more is a return: give back the hits taken at
       -- that time (us) as if never taken (Limit::refund), then answer as a
       -- refund does.
       local taken_at = nil
-      local cc = ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' and l > 0
+      local cc = code == 'cc' and l > 0
       if cc then
         cc_expired[i] = cc_prune(KEYS[k + i], now)
         cc_before[i] = cc_used(KEYS[k + i])
@@ -461,19 +458,22 @@ while a <= #ARGV do
         end
         hits = 0
       end
-      local lop = lease_op(a, i)
       if l == 0 then
         -- No limit: a late charge is taken (nowhere to count it), the
         -- gate and every other hit denied.
         allowed, remaining, reset, retry, delay = (hits == 0 and not after) or (after and hits > 0), 0, 0, -1, 0
       elseif lop then
         allowed, remaining, reset, retry, delay = leased(KEYS[k + i], l, w, hits, lop, now)
-      elseif spec then
+      elseif spec and not (x == '=' and quiet[KEYS[k + i]] == true) then
         -- Global: decide over every region's counts, then count and cap.
-        -- (A window algorithm's key with no G:x, no slice and no warming
-        -- cap, the common case, skips the calls below: in Redis's Lua
-        -- they cost what a regional decision's own work does.)
+        -- (A quiet check whose state is marked, the common case, is
+        -- decided below as a regional one: no peer counts for it and it
+        -- has no cap. A window algorithm's key with no G:x skips the calls
+        -- here: in Redis's Lua they cost what a regional decision's own
+        -- work does.)
         local key = KEYS[k + i]
+        -- A quiet check's G:x, named when its state was read unmarked.
+        if x == '=' then x = quiet[key] end
         local gcra = code == 'gc' or code == 'sh'
         if gcra or raw[x] then
           REMOTE = gmeta(x, key, code, l, w, p, fp, spec[1], spec[2], now)
@@ -494,7 +494,11 @@ while a <= #ARGV do
           local s = numbers(key, 2)
           if s then before = { s[1], s[2] } else before = { 0, 0 } end
         end
-        allowed, remaining, reset, retry, delay = charged(alg, key, l, w, p, hits, now, after)
+        if after then
+          allowed, remaining, reset, retry, delay = charged(alg, key, l, w, p, hits, now, true)
+        else
+          allowed, remaining, reset, retry, delay = alg.apply(key, l, w, p, hits, now)
+        end
         REMOTE = nil
         if allowed and hits > 0 and (gcra or spec[3] > 0 or spec[5] > 0 or spec[8] == 1) then
           local left, capped_retry = gcommit(key, code, l, w, p, hits, now, spec, alg, before, after)
@@ -521,8 +525,8 @@ while a <= #ARGV do
       for i = n, 1, -1 do
         if allowed_at[i] then
           local alg, l, w, p, hits = check(a, i)
-          local spec, _, code = scope(a, i)
-          refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lease_op(a, i))
+          local spec, _, code, _, lop = scope(a, i)
+          refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lop)
           if ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' and l > 0 then
             out[head + 5 * i] = cc_account(cc_expired[i], cc_before[i], cc_used(KEYS[k + i]))
           end

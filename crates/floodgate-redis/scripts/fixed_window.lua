@@ -17,6 +17,13 @@ local function fw_lasts(until_end, c, l, w)
   return math.min(until_end + divmod(c - 1, l) * w, MAXN)
 end
 
+-- Until count `c` is paid off (none: 0). (A function of its own, not a
+-- closure in apply: making one per decision costs more than its body.)
+local function fw_reset(until_end, c, l, w)
+  if c <= 0 then return 0 end
+  return fw_lasts(until_end, c, l, w)
+end
+
 function ALG.fw.apply(key, l, w, _, hits, now)
   local s = numbers(key, 2)
   local id, count = 0, 0
@@ -31,11 +38,6 @@ function ALG.fw.apply(key, l, w, _, hits, now)
     moved = s ~= nil
   end
   local until_end = w - e
-  -- Until the count is paid off (none: 0).
-  local function reset_of(c)
-    if c <= 0 then return 0 end
-    return fw_lasts(until_end, c, l, w)
-  end
   -- Every region's count (global), or this one's.
   local seen = count + remote(id)
   if hits == 0 or hits <= l - seen or FORCE then
@@ -43,9 +45,9 @@ function ALG.fw.apply(key, l, w, _, hits, now)
     count = count + add
     seen = seen + add
     if add > 0 or moved then put(key, fw_lasts(until_end, count, l, w), id, count) end
-    return true, math.max(l - seen, 0), reset_of(seen), -1, 0
+    return true, math.max(l - seen, 0), fw_reset(until_end, seen, l, w), -1, 0
   end
-  local reset, retry = reset_of(seen), -1
+  local reset, retry = fw_reset(until_end, seen, l, w), -1
   if hits <= l then
     -- The least number of windows k with seen - k * limit + hits <= limit:
     -- ceil((seen + hits - limit) / limit).

@@ -103,9 +103,10 @@ local raw, cached, written, order = {}, {}, {}, {}
 -- makes the next decision read G:x). A marked state says that when it
 -- was written its key had no G:x, and every merge that writes G:x
 -- since has removed the mark (gunmark): a decision on an `eventual`
--- rule then need not read G:x. quiet[S] = the G:x of a state S a call's
--- checks may decide so; loud[S] when one of them reads G:x whatever the
--- mark. flush() marks a quiet state whose G:x is missing.
+-- rule then need not read G:x. quiet[S] for a state S a call's checks may
+-- decide so: true while its G:x is neither named nor read (its state is
+-- marked), else G:x's name; loud[S] when one of them reads G:x whatever
+-- the mark. flush() marks a quiet state whose G:x is unread or missing.
 local quiet, loud = {}, {}
 local MARK_KEEP_MS = 1000
 local function marked(v)
@@ -165,7 +166,7 @@ local function flush()
     local x = quiet[key]
     local px = written[key]
     local f2, f3 = '%.0f %.0f', '%.0f %.0f %.0f'
-    if x and raw[x] == false and not loud[key] then
+    if x and (x == true or not raw[x]) and not loud[key] then
       -- Marked, and kept a second past its end, so the first decision of
       -- the key's next window still finds the mark (its count then
       -- starts at 0 as the window's does, and no G:x is read).

@@ -7,8 +7,8 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use floodgate_core::Check;
 use floodgate_core::region::{Incarnations, Scope, Shape, SyncMode, fingerprint, shape_of, slice};
+use floodgate_core::{Algorithm, Check};
 
 use crate::script::{GlobalArgs, global_key};
 
@@ -49,7 +49,7 @@ impl RegionCtx {
     }
 
     /// The script's global arguments for check `c` (its `G:x` key named
-    /// under `prefix`), when the check is global; `now` reads the time
+    /// under `prefix`, or empty for a quiet check), when the check is global; `now` reads the time
     /// (only when a crash charge or the warm-up needs it).
     pub(crate) fn args(&self, prefix: &str, c: &Check<'_>, now: impl Fn() -> u64) -> Option<(String, GlobalArgs)> {
         let Scope::Global(mode) = c.scope else { return None };
@@ -100,7 +100,15 @@ impl RegionCtx {
                 warming && until != 0 && now() < until
             }
         };
-        let x = global_key(prefix, c.key, ":x");
+        // A quiet check (`scripts/entry.lua`): the script names its G:x
+        // only when it reads it, which a key no peer counts for never needs
+        // (empty here, "=" in the script's arguments).
+        let quiet = matches!(c.limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow)
+            && bounded == 0
+            && warm == 0
+            && charge == 0
+            && !closed;
+        let x = if quiet { String::new() } else { global_key(prefix, c.key, ":x") };
         Some((
             x,
             GlobalArgs {

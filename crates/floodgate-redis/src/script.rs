@@ -105,7 +105,8 @@ pub(crate) struct CheckArgs {
     flag: u64,
     /// For a global check in a region: what the script needs beyond the
     /// algorithm: the key's G:x (`scripts/global.lua`, read with the
-    /// states) and `GlobalArgs`, formatted.
+    /// states; empty for a quiet check, whose G:x the script names only
+    /// when it reads it: "=" in the arguments) and `GlobalArgs`, formatted.
     global: Option<(String, std::sync::Arc<str>)>,
     /// For a concurrency limit: its lease operation (`entry.lua`).
     lease: Option<LeaseArg>,
@@ -295,7 +296,7 @@ pub(crate) fn command(eval: bool, requests: &[Request<'_>], op: Op) -> redis::Cm
         for c in *checks {
             cmd.arg(c.code).arg(c.limit).arg(c.window).arg(c.param).arg(c.hits).arg(c.flag);
             match (&c.global, c.lease) {
-                (Some((x, text)), _) => cmd.arg(x).arg(&**text),
+                (Some((x, text)), _) => cmd.arg(if x.is_empty() { "=" } else { x }).arg(&**text),
                 (None, Some(lease)) => cmd.arg("").arg(lease.text()),
                 (None, None) => cmd.arg("").arg(""),
             };

@@ -464,6 +464,30 @@ fn a_key_no_peer_counts_for_is_decided_without_reading_g_x() {
     assert_eq!(state("o"), format!("0{slot} 2"), "not named, none recorded: still marked");
     server.cli(&["SET", &name("o"), &format!("{slot} 2")]);
     assert_eq!(decide("o", 1).remaining, 4, "10 - 2 - 3 of b's - 1");
+
+    // A quiet check ('=' for its G:x, named by the script) is a window
+    // algorithm's only: any other is refused, nothing decided.
+    let gcra = Limit::new(Algorithm::Gcra { burst: Some(10) }, 10, Duration::from_secs(60)).unwrap();
+    let key = floodgate_redis::script::redis_key(&redis.config().key_prefix, "g", &gcra);
+    let reply = server.cli(&[
+        "EVAL",
+        &floodgate_redis::script::SOURCE,
+        "1",
+        &key,
+        "apply",
+        "",
+        "1",
+        "gc",
+        "10",
+        "60000000",
+        "10",
+        "1",
+        "1",
+        "=",
+        "6000000 10 0 2 0 200000 1 0 0",
+    ]);
+    assert!(reply.contains("a quiet global check of gc at ARGV[10]: only fw and sw"), "{reply}");
+    assert_eq!(server.cli(&["EXISTS", &key]).trim(), "0");
 }
 
 /// What a dead incarnation costs, and the gate of a new one, decide alike
