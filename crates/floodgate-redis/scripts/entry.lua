@@ -31,7 +31,9 @@
 --              taken then, as if never taken, answered as a refund is),
 --              for "refund" the time the hits were taken; then the scope ('' regional, else a
 --              global check's G:x key, global.lua: named by the caller, as
---              a string made in Lua costs more than the argument) and for
+--              a string made in Lua costs more than the argument; '=' for a
+--              quiet check, whose G:x the script names only when its state
+--              is unmarked, below) and for
 --              a global check "U H S P W R F": its slot
 --              length (us) and horizon, the bounded slice (0: none), the
 --              number of peers, the warming cap (0: none), the retry time
