@@ -37,6 +37,15 @@ local function gcra_load(key)
   return 0, 0
 end
 
+-- What a backlog (xu, xr) leaves of a capacity (cu, cr): whole hits. (A
+-- function of its own, not a closure in gcra_apply: making one per
+-- decision costs more than its body.)
+local function gcra_remaining(xu, xr, cu, cr, l, w)
+  if not tle(xu, xr, cu, cr) then return 0 end
+  local du, dr = tsub(cu, cr, xu, xr, l)
+  return (muldivmod(du, l, dr, w))
+end
+
 local function gcra_apply(key, l, w, burst, hits, now, shape)
   local slots = burst
   if shape then slots = burst + 1 end
@@ -46,21 +55,16 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
   if us >= now then bu, br = us - now, rem end
   -- The capacity, slots * window / limit.
   local cu, cr = muldivmod(slots, w, 0, l)
-  local function remaining(xu, xr)
-    if not tle(xu, xr, cu, cr) then return 0 end
-    local du, dr = tsub(cu, cr, xu, xr, l)
-    return (muldivmod(du, l, dr, w))
-  end
   local reset = 0
   if us >= now then
     reset = us - now
     if rem > 0 then reset = reset + 1 end
   end
   if hits == 0 then
-    return true, remaining(bu, br), reset, -1, 0
+    return true, gcra_remaining(bu, br, cu, cr, l, w), reset, -1, 0
   end
   if hits > slots and not FORCE then
-    return false, remaining(bu, br), reset, -1, 0
+    return false, gcra_remaining(bu, br, cu, cr, l, w), reset, -1, 0
   end
   if FORCE and hits > muldivmod(MAXN - math.max(us, now), l, 0, w) then
     -- A late charge past 2^53 - 1 us: the TAT saturates there.
@@ -72,7 +76,7 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
   if not tle(nu, nr, cu, cr) and not FORCE then
     local eu, er = tsub(nu, nr, cu, cr, l)
     if er > 0 then eu = eu + 1 end
-    return false, remaining(bu, br), reset, eu, 0
+    return false, gcra_remaining(bu, br, cu, cr, l, w), reset, eu, 0
   end
   local delay = 0
   if shape and not FORCE then delay = reset end
@@ -81,7 +85,7 @@ local function gcra_apply(key, l, w, burst, hits, now, shape)
   local new_reset = us - now
   if rem > 0 then new_reset = new_reset + 1 end
   put(key, new_reset, us, rem)
-  return true, remaining(nu, nr), new_reset, -1, delay
+  return true, gcra_remaining(nu, nr, cu, cr, l, w), new_reset, -1, delay
 end
 
 function ALG.gc.apply(key, l, w, burst, hits, now)
