@@ -529,7 +529,7 @@ while a <= #ARGV do
           local alg, l, w, p, hits = check(a, i)
           local spec, _, code, _, lop = scope(a, i)
           refund(KEYS[k + i], alg, l, w, p, hits, now, now, spec, code, lop)
-          if ARGV[a + 2 + STRIDE * (i - 1)] == 'cc' and l > 0 then
+          if code == 'cc' and l > 0 then
             out[head + 5 * i] = cc_account(cc_expired[i], cc_before[i], cc_used(KEYS[k + i]))
           end
         end
