@@ -7,10 +7,10 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use floodgate_core::Check;
 use floodgate_core::region::{Incarnations, Scope, Shape, SyncMode, fingerprint, shape_of, slice};
-use floodgate_core::{Algorithm, Check};
 
-use crate::script::{GlobalArgs, global_key};
+use crate::script::{GlobalArgs, global_key, window_string_state};
 
 /// How a region's store decides `global` checks.
 #[derive(Debug, Clone)]
@@ -103,11 +103,7 @@ impl RegionCtx {
         // A quiet check (`scripts/entry.lua`): the script names its G:x
         // only when it reads it, which a key no peer counts for never needs
         // (empty here, "=" in the script's arguments).
-        let quiet = matches!(c.limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow)
-            && bounded == 0
-            && warm == 0
-            && charge == 0
-            && !closed;
+        let quiet = window_string_state(c.limit) && bounded == 0 && warm == 0 && charge == 0 && !closed;
         let x = if quiet { String::new() } else { global_key(prefix, c.key, ":x") };
         Some((
             x,

@@ -53,6 +53,16 @@ pub(crate) fn algorithm(limit: &Limit) -> (&'static str, u64) {
     }
 }
 
+/// Whether `limit`'s state in Redis is a window algorithm's string of its
+/// own counts (fixed_window `"<window> <count>"`, sliding_window `"<window>
+/// <previous> <current>"`): what the sync reads without the script
+/// (`own_counts`), what a global decision marks when no peer counts for
+/// its key and a merge that brings some unmarks (`scripts/lib.lua`,
+/// `marked`).
+pub(crate) fn window_string_state(limit: &Limit) -> bool {
+    matches!(limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow)
+}
+
 /// The Redis key of a check: the prefix, then the descriptor's counter key as
 /// the hash tag (without a trailing `#<rule index>`, so the limits of one
 /// descriptor share a slot), then the limit's fingerprint (a changed limit

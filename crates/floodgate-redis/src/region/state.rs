@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 
 use floodgate_core::region::{Batch, Component, Item, Shape, SyncMode, fingerprint, shape_of};
-use floodgate_core::{Algorithm, Limit, StoreError};
+use floodgate_core::{Limit, StoreError};
 use redis::cluster_routing::Slot;
 
-use crate::script::{SHA, SOURCE, algorithm, global_base, global_key, redis_key};
+use crate::script::{SHA, SOURCE, algorithm, global_base, global_key, redis_key, window_string_state};
 use crate::store::RedisStore;
 
 /// What storing a peer's batch did.
@@ -122,9 +122,7 @@ impl RedisStore {
                 };
                 args.extend([kind.to_string(), u.to_string(), h.to_string(), item.fingerprint.to_string()]);
                 args.push(match rules.get(&item.fingerprint) {
-                    Some(l) if matches!(l.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow) => {
-                        redis_key(&self.config().key_prefix, &item.key, l)
-                    }
+                    Some(l) if window_string_state(l) => redis_key(&self.config().key_prefix, &item.key, l),
                     _ => String::new(),
                 });
                 args.push(item.components.len().to_string());
@@ -191,8 +189,8 @@ impl RedisStore {
         let mut out: Vec<Option<Item>> = vec![None; keys.len()];
         let plain = |i: usize| -> Option<(&Limit, SyncMode)> {
             let (limit, mode) = rules.get(i).copied().flatten()?;
-            let window = matches!(limit.algorithm(), Algorithm::FixedWindow | Algorithm::SlidingWindow);
-            (window && !every.get(i).copied().unwrap_or(false) && shape_of(limit).is_some()).then_some((limit, mode))
+            (window_string_state(limit) && !every.get(i).copied().unwrap_or(false) && shape_of(limit).is_some())
+                .then_some((limit, mode))
         };
         let (fast, mut rest): (Vec<usize>, Vec<usize>) = (0..keys.len()).partition(|&i| plain(i).is_some());
         if !fast.is_empty() {
